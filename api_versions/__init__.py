@@ -1,0 +1,1 @@
+"""API generations: wire adapters and negotiation."""

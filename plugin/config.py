@@ -1,0 +1,242 @@
+"""Command-line flags and their environment variables, parsed into one frozen settings value.
+
+Every flag of ``serve`` can also come from ``ACCELERATOR_DP_<FLAG>`` (dashes as underscores,
+upper case), because a DaemonSet is easier to tune through ``env`` than through ``args``.
+A flag on the command line wins over its variable. A bad flag or value exits 2 with one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+from plugin.resource_names import resource_name_problem
+
+ENV_PREFIX = "ACCELERATOR_DP_"
+DEFAULT_DIR = Path("/var/lib/kubelet/device-plugins")
+DEFAULT_RESOURCE = "b-com.com/accelerator"
+DEFAULT_SOCKET = "accelerator.sock"
+DEFAULT_GENERATIONS = ("v1beta1", "v1alpha2", "v1alpha1")
+BACKEND_CHOICES = ("auto", "intel", "aws", "units", "none")
+RESOURCE_MODES = ("single", "afu")
+
+
+@dataclass(frozen=True)
+class RetrySettings:
+    """Bounds of the tenacity-retried registration call (transient failures only)."""
+
+    attempts: int = 5
+    initial_backoff: float = 0.05
+    max_backoff: float = 2.0
+    register_timeout: float = 15.0
+    round_backoff_max: float = 30.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    command: str = "serve"
+    device_plugin_dir: Path = DEFAULT_DIR
+    resource_name: str = DEFAULT_RESOURCE
+    socket_name: str = DEFAULT_SOCKET
+    api_versions: tuple[str, ...] = DEFAULT_GENERATIONS
+    backend: str = "auto"
+    accel_nbunits: int = 40
+    sysfs_root: Path = Path("/sys")
+    dev_root: Path = Path("/dev")
+    resource_mode: str = "single"
+    resource_prefix: str = "b-com.com"
+    rescan_interval: float = 5.0
+    kubelet_check_interval: float = 5.0
+    heartbeat_file: Path | None = None
+    heartbeat_interval: float = 10.0
+    heartbeat_max_age: float = 60.0
+    log_level: str = "info"
+    log_format: str = "text"
+    json_output: bool = False
+    retry: RetrySettings = field(default_factory=RetrySettings)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a bad flag in one line and exits 2, as DaemonSet logs want."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 0 <= value <= 4096:
+        raise argparse.ArgumentTypeError(f"{text!r} must be between 0 and 4096")
+    return value
+
+
+def _generations(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in DEFAULT_GENERATIONS]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected a comma-separated list of {', '.join(DEFAULT_GENERATIONS)}"
+        )
+    if len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"{text!r} names a generation twice")
+    return names
+
+
+def _socket_name(text: str) -> str:
+    if not text or "/" in text or text in (".", "..") or text == "kubelet.sock":
+        raise argparse.ArgumentTypeError(
+            f"{text!r} must be a plain file name other than kubelet.sock"
+        )
+    return text
+
+
+def _resource_name(text: str) -> str:
+    problem = resource_name_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
+def _env(flag: str) -> str:
+    return ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper()
+
+
+class _EnvDefaults:
+    """Adds options whose defaults come from the environment, converted like the flag."""
+
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        self.parser = parser
+
+    def add(
+        self,
+        *flags: str,
+        default: Any,
+        convert: Callable[[str], Any] = str,
+        help: str,  # noqa: A002
+        **kwargs: Any,
+    ) -> None:
+        variable = _env(flags[0])
+        raw = os.environ.get(variable)
+        if raw is not None:
+            try:
+                default = convert(raw)
+            except (argparse.ArgumentTypeError, ValueError) as exc:
+                self.parser.error(f"environment variable {variable}: {exc}")
+            if "choices" in kwargs and default not in kwargs["choices"]:
+                self.parser.error(
+                    f"environment variable {variable}: {raw!r} is not one of "
+                    f"{', '.join(kwargs['choices'])}"
+                )
+        self.parser.add_argument(
+            *flags, default=default, type=convert, help=f"{help} [env {variable}]", **kwargs
+        )
+
+
+def _add_node_flags(parser: argparse.ArgumentParser) -> None:
+    env = _EnvDefaults(parser)
+    env.add("--backend", default="auto", choices=BACKEND_CHOICES,
+            help="device discovery backend; auto picks what the node has")
+    env.add("--accel-nbunits", "-accel-nbunits", default=40, convert=_count,
+            help="number of AWS units 0..N-1 served by the units backend")
+    env.add("--sysfs-root", default=Path("/sys"), convert=Path, help="root of sysfs")
+    env.add("--dev-root", default=Path("/dev"), convert=Path, help="root of device nodes")
+    env.add("--resource-mode", default="single", choices=RESOURCE_MODES,
+            help="single: one resource; afu: one resource per AFU ID")
+    env.add("--resource-prefix", default="b-com.com",
+            help="domain of the per-AFU resource names in afu mode")
+    env.add("--resource-name", default=DEFAULT_RESOURCE, convert=_resource_name,
+            help="extended resource name advertised in single mode")
+
+
+def _add_common_flags(parser: argparse.ArgumentParser) -> None:
+    env = _EnvDefaults(parser)
+    env.add("--log-level", default="info", choices=("debug", "info", "warning", "error"),
+            help="log verbosity")
+    env.add("--log-format", default="text", choices=("text", "json"), help="log line format")
+
+
+def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
+    env = _EnvDefaults(parser)
+    env.add("--device-plugin-dir", default=DEFAULT_DIR, convert=Path,
+            help="kubelet device-plugin directory (holds kubelet.sock)")
+    env.add("--socket-name", default=DEFAULT_SOCKET, convert=_socket_name,
+            help="file name of this plugin's socket in that directory")
+    env.add("--api-versions", default=DEFAULT_GENERATIONS, convert=_generations,
+            help="generations to try, in this order (default newest first)")
+    env.add("--rescan-interval", default=5.0, convert=_positive_float,
+            help="seconds between safety-net rescans of sysfs")
+    env.add("--kubelet-check-interval", default=5.0, convert=_positive_float,
+            help="seconds between safety-net checks for a restarted kubelet")
+    env.add("--register-timeout", default=15.0, convert=_positive_float,
+            help="deadline of one Register call (recent kubelets dial back within it)")
+    env.add("--retry-attempts", default=5, convert=_count,
+            help="tries of one generation on transient failures before backing off")
+    env.add("--retry-max-backoff", default=2.0, convert=_positive_float,
+            help="longest wait between two such tries, in seconds")
+    env.add("--heartbeat-file", default=None, convert=Path,
+            help="file touched after each successful self-check (for the liveness probe)")
+    env.add("--heartbeat-interval", default=10.0, convert=_positive_float,
+            help="seconds between self-checks")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(
+        prog="accelerator-device-plugin",
+        description="Kubernetes device plugin for FPGA accelerators, for every kubelet API "
+        "generation (v1alpha1, v1alpha2, v1beta1).",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+
+    serve = commands.add_parser("serve", help="register with the kubelet and serve devices")
+    _add_node_flags(serve)
+    _add_serve_flags(serve)
+    _add_common_flags(serve)
+
+    discover = commands.add_parser("discover", help="print the devices that would be served")
+    _add_node_flags(discover)
+    _add_common_flags(discover)
+    discover.add_argument("--json", dest="json_output", action="store_true",
+                          help="print JSON instead of a table")
+
+    demo = commands.add_parser("demo", help="simulated node: emulated kubelet + built-in devices")
+    _add_common_flags(demo)
+
+    health = commands.add_parser("healthcheck", help="exit 0 if the heartbeat file is fresh")
+    env = _EnvDefaults(health)
+    env.add("--heartbeat-file", default=None, convert=Path, help="file written by serve")
+    env.add("--heartbeat-max-age", default=60.0, convert=_positive_float,
+            help="oldest acceptable heartbeat, in seconds")
+    return parser
+
+
+def parse(argv: Sequence[str] | None = None) -> Settings:
+    """Parse ``argv`` (default ``sys.argv[1:]``); exit 2 with one line on any mistake."""
+    parser = build_parser()
+    ns = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    values = {k: v for k, v in vars(ns).items() if k in Settings.__dataclass_fields__}
+    retry = RetrySettings(
+        attempts=max(1, getattr(ns, "retry_attempts", 5)),
+        max_backoff=getattr(ns, "retry_max_backoff", 2.0),
+        register_timeout=getattr(ns, "register_timeout", 15.0),
+    )
+    if ns.command == "healthcheck" and ns.heartbeat_file is None:
+        parser.error("healthcheck needs --heartbeat-file (or ACCELERATOR_DP_HEARTBEAT_FILE)")
+    return Settings(retry=retry, **values)
