@@ -1,0 +1,168 @@
+"""What every generation's adapter shares: registration request, ListAndWatch, refusals.
+
+An adapter is a pure translator between the internal model (``plugin.model``) and one wire
+generation. It holds no device state: the served resource hands it the live feed, and the
+Allocate decisions come from ``plugin.allocation`` so every generation refuses alike.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any, ClassVar, Protocol
+
+import grpc
+from google.protobuf.message import Message
+from packaging.version import Version
+
+from api_versions.wire import Method, WireApi, rpc_handler
+from plugin.allocation import AllocationError, ContainerAllocation, allocate
+from plugin.feed import DeviceFeed
+from plugin.model import Device, DeviceNode, Mount
+
+log = logging.getLogger(__name__)
+
+Behaviour = Callable[[Any, grpc.aio.ServicerContext], Any]
+
+
+class ServedResource(Protocol):
+    """The one thing an adapter needs from the plugin: a resource name and its live devices."""
+
+    @property
+    def resource_name(self) -> str: ...
+
+    @property
+    def feed(self) -> DeviceFeed: ...
+
+
+class Adapter(ABC):
+    """One wire generation. Subclasses set the class constants and the generation's shapes."""
+
+    name: ClassVar[str]
+    """The generation's name in this project and in ``--api-versions``, e.g. ``"v1beta1"``."""
+    register_version: ClassVar[str]
+    """What ``RegisterRequest.version`` must say for this generation's kubelet."""
+
+    def __init__(self) -> None:
+        self.wire = WireApi.load(self.name)
+
+    @property
+    def order(self) -> Version:
+        """Sort key: ``v1alpha1 < v1alpha2 < v1beta1`` by PEP 440 pre-release rules."""
+        return Version(self.name)
+
+    @property
+    def register_method(self) -> Method:
+        return self.wire.method("Registration", "Register")
+
+    def register_request(self, resource_name: str, endpoint: str) -> Message:
+        return self.wire.new(
+            "RegisterRequest",
+            version=self.register_version,
+            endpoint=endpoint,
+            resource_name=resource_name,
+            **self.register_extras(),
+        )
+
+    def register_extras(self) -> dict[str, Any]:
+        """Fields beyond version/endpoint/resource_name that this generation sends."""
+        return {}
+
+    def handlers(self, resource: ServedResource) -> dict[str, grpc.RpcMethodHandler]:
+        """gRPC handlers of this generation's DevicePlugin service, keyed by method path."""
+        behaviours = self.behaviours(resource)
+        methods = self.wire.methods("DevicePlugin")
+        missing = set(methods) - set(behaviours)
+        if missing:
+            raise TypeError(f"{self.name} adapter lacks {', '.join(sorted(missing))}")
+        return {
+            methods[name].path: rpc_handler(methods[name], _guarded(self.name, name, fn))
+            for name, fn in behaviours.items()
+        }
+
+    def behaviours(self, resource: ServedResource) -> dict[str, Behaviour]:
+        async def list_and_watch(
+            _request: Message, _context: grpc.aio.ServicerContext
+        ) -> AsyncIterator[Message]:
+            log.info("%s: kubelet opened ListAndWatch (%s)", resource.resource_name, self.name)
+            async for devices in resource.feed.subscribe():
+                yield self.wire.new(
+                    "ListAndWatchResponse", devices=[self.device_message(d) for d in devices]
+                )
+
+        return {"ListAndWatch": list_and_watch, "Allocate": self.allocate_behaviour(resource)}
+
+    def device_message(self, device: Device) -> Message:
+        return self.wire.new("Device", ID=device.id, health=device.health.value)
+
+    @abstractmethod
+    def allocate_behaviour(self, resource: ServedResource) -> Behaviour: ...
+
+    def grant(self, resource: ServedResource, containers: Sequence[Sequence[str]]) -> list[
+        ContainerAllocation
+    ]:
+        """Allocate for every container or for none: the kubelet rejects the pod on error."""
+        devices = resource.feed.current
+        granted = [allocate(devices, list(ids)) for ids in containers]
+        for allocation in granted:
+            log.info(
+                "%s: allocated %s (%s)",
+                resource.resource_name,
+                ",".join(allocation.device_ids),
+                self.name,
+            )
+        return granted
+
+    # Shapes shared by all generations.
+    def device_specs(self, nodes: Sequence[DeviceNode]) -> list[Message]:
+        return [
+            self.wire.new(
+                "DeviceSpec",
+                container_path=n.container_path,
+                host_path=n.host_path,
+                permissions=n.permissions,
+            )
+            for n in nodes
+        ]
+
+    def mounts(self, mounts: Sequence[Mount]) -> list[Message]:
+        return [
+            self.wire.new(
+                "Mount",
+                container_path=m.container_path,
+                host_path=m.host_path,
+                read_only=m.read_only,
+            )
+            for m in mounts
+        ]
+
+
+def _guarded(generation: str, method: str, behaviour: Behaviour) -> Behaviour:
+    """Turn refusals into INVALID_ARGUMENT and bugs into INTERNAL; never let one kill a server."""
+
+    async def unary(request: Message, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await behaviour(request, context)
+        except AllocationError as exc:
+            log.warning("%s %s refused: %s", generation, method, exc)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except Exception as exc:
+            if isinstance(exc, grpc.aio.AbortError):
+                raise
+            log.exception("%s %s failed", generation, method)
+            await context.abort(grpc.StatusCode.INTERNAL, f"{method} failed: {exc}")
+
+    async def streaming(request: Message, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        try:
+            async for item in behaviour(request, context):
+                yield item
+        except Exception as exc:
+            if isinstance(exc, grpc.aio.AbortError):
+                raise
+            log.exception("%s %s failed", generation, method)
+            await context.abort(grpc.StatusCode.INTERNAL, f"{method} failed: {exc}")
+
+    return streaming if inspect.isasyncgenfunction(behaviour) else unary
+

@@ -1,0 +1,90 @@
+"""Kubernetes 1.10 and later: per-container Allocate, options, topology, preferred allocation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+from google.protobuf.message import Message
+
+from api_versions.adapter import Adapter, Behaviour, ServedResource
+from plugin.allocation import preferred_allocation
+from plugin.model import Device
+
+
+class V1Beta1(Adapter):
+    name = "v1beta1"
+    register_version = "v1beta1"
+
+    #: PreStartContainer would only add a 30 s-bounded call per container for nothing: FPGA
+    #: ports need no reset before use. Preferred allocation is what NUMA packing needs.
+    pre_start_required = False
+    get_preferred_allocation_available = True
+
+    def options(self) -> Message:
+        return self.wire.new(
+            "DevicePluginOptions",
+            pre_start_required=self.pre_start_required,
+            get_preferred_allocation_available=self.get_preferred_allocation_available,
+        )
+
+    def register_extras(self) -> dict[str, Any]:
+        return {"options": self.options()}
+
+    def device_message(self, device: Device) -> Message:
+        message = super().device_message(device)
+        if device.numa_node is not None:
+            topology = self.wire.new(
+                "TopologyInfo", nodes=[self.wire.new("NUMANode", ID=device.numa_node)]
+            )
+            message.topology.CopyFrom(topology)
+        return message
+
+    def behaviours(self, resource: ServedResource) -> dict[str, Behaviour]:
+        async def get_options(_request: Message, _context: grpc.aio.ServicerContext) -> Message:
+            return self.options()
+
+        async def preferred(request: Any, _context: grpc.aio.ServicerContext) -> Message:
+            devices = resource.feed.current
+            answers = [
+                self.wire.new(
+                    "ContainerPreferredAllocationResponse",
+                    deviceIDs=preferred_allocation(
+                        devices,
+                        list(c.available_deviceIDs),
+                        list(c.must_include_deviceIDs),
+                        c.allocation_size,
+                    ),
+                )
+                for c in request.container_requests
+            ]
+            return self.wire.new("PreferredAllocationResponse", container_responses=answers)
+
+        async def pre_start(_request: Message, _context: grpc.aio.ServicerContext) -> Message:
+            return self.wire.new("PreStartContainerResponse")
+
+        return {
+            **super().behaviours(resource),
+            "GetDevicePluginOptions": get_options,
+            "GetPreferredAllocation": preferred,
+            "PreStartContainer": pre_start,
+        }
+
+    def allocate_behaviour(self, resource: ServedResource) -> Behaviour:
+        async def allocate(request: Any, _context: grpc.aio.ServicerContext) -> Message:
+            containers = [list(c.devices_ids) for c in request.container_requests]
+            granted = self.grant(resource, containers)
+            return self.wire.new(
+                "AllocateResponse",
+                container_responses=[
+                    self.wire.new(
+                        "ContainerAllocateResponse",
+                        envs=dict(a.envs),
+                        mounts=self.mounts(a.mounts),
+                        devices=self.device_specs(a.nodes),
+                    )
+                    for a in granted
+                ],
+            )
+
+        return allocate
