@@ -130,7 +130,7 @@ class _EnvDefaults:
         *flags: str,
         default: Any,
         convert: Callable[[str], Any] = str,
-        help: str,  # noqa: A002
+        help: str,
         **kwargs: Any,
     ) -> None:
         variable = _env(flags[0])

@@ -49,7 +49,8 @@ class DeviceFeed:
         seen = -1
         while True:
             async with self._changed:
-                await self._changed.wait_for(lambda: self._closed or self._version != seen)
+                while not self._closed and self._version == seen:
+                    await self._changed.wait()
                 if self._closed:
                     return
                 seen = self._version

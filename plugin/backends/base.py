@@ -16,7 +16,7 @@ from plugin.model import Device
 
 @dataclass(frozen=True)
 class BackendConfig:
-    """Node-level settings every backend may need; roots are configurable so tests use fake trees."""
+    """Node-level settings any backend may need; roots are settable so tests use fake trees."""
 
     sysfs_root: Path = Path("/sys")
     dev_root: Path = Path("/dev")

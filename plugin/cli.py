@@ -1,0 +1,72 @@
+"""``accelerator-device-plugin serve|discover|demo|healthcheck``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+
+from plugin.backends import BackendConfig, make_backend
+from plugin.backends.base import Backend
+from plugin.config import Settings, parse
+from plugin.logs import configure
+
+log = logging.getLogger(__name__)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    settings = parse(argv)
+    configure(settings.log_level, settings.log_format)
+    try:
+        return _COMMANDS[settings.command](settings)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _backend(settings: Settings) -> Backend:
+    config = BackendConfig(
+        sysfs_root=settings.sysfs_root, dev_root=settings.dev_root,
+        nb_units=settings.accel_nbunits,
+    )
+    try:
+        return make_backend(settings.backend, config)
+    except ValueError as exc:
+        print(f"accelerator-device-plugin: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def serve(settings: Settings) -> int:
+    from plugin.daemon import Daemon
+    from plugin.triggers import triggers_for
+
+    backend = _backend(settings)
+    return asyncio.run(Daemon(settings, backend, triggers=triggers_for(backend)).run())
+
+
+def discover(settings: Settings) -> int:
+    from plugin.discover import render_json, render_table
+    from plugin.monitor import DeviceMonitor
+
+    backend = _backend(settings)
+    devices = list(asyncio.run(DeviceMonitor(backend, rescan_interval=1.0).scan()))
+    print(render_json(devices) if settings.json_output else render_table(devices))
+    return 0
+
+
+def demo(settings: Settings) -> int:
+    from plugin.demo import run_demo
+
+    return asyncio.run(run_demo())
+
+
+def healthcheck(settings: Settings) -> int:
+    from plugin.daemon import heartbeat_fresh
+
+    assert settings.heartbeat_file is not None
+    ok, reason = heartbeat_fresh(settings.heartbeat_file, settings.heartbeat_max_age)
+    print(reason)
+    return 0 if ok else 1
+
+
+_COMMANDS = {"serve": serve, "discover": discover, "demo": demo, "healthcheck": healthcheck}

@@ -1,0 +1,269 @@
+"""One resource, one socket: serve first, then register, and start over when the kubelet does.
+
+Lifecycle of a :class:`ResourceServer`, repeated until it is stopped:
+
+1. bind ``<dir>/<socket>`` (a stale file is removed) and confirm it answers;
+2. negotiate: offer each generation newest first, switching the socket to that generation
+   before offering it, because recent kubelets dial back during Register;
+3. hold: serve ListAndWatch/Allocate until the kubelet restarts, which shows as our socket
+   being deleted or ``kubelet.sock`` being created anew (a different file than the one we
+   registered with); then tear down and go to 1, so a kubelet upgraded to another generation
+   is met with a fresh negotiation and no process restart.
+
+A round that ends unregistered (kubelet absent, refusing every generation, hanging) is retried
+with a growing pause that a new ``kubelet.sock`` cuts short. The server never exits on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+
+from api_versions.adapter import Adapter
+from api_versions.negotiate import (
+    KUBELET_SOCKET,
+    NegotiationError,
+    NoGenerationAccepted,
+    RetryPolicy,
+    negotiate,
+)
+from plugin.dirwatch import Change, DirEvent
+from plugin.feed import DeviceFeed
+
+log = logging.getLogger(__name__)
+
+FileIdentity = tuple[int, int, int]
+
+
+def identity(path: Path) -> FileIdentity | None:
+    """What tells one file from its replacement at the same path (inodes get reused)."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
+
+
+class _GenerationRouter(grpc.GenericRpcHandler):
+    """Routes calls to the generation on offer; other generations' paths are UNIMPLEMENTED.
+
+    One socket serves whichever generation is being negotiated: v1alpha1 and v1alpha2 share
+    method paths with different response shapes, so only one can be live at a time.
+    """
+
+    def __init__(self) -> None:
+        self._table: dict[str, grpc.RpcMethodHandler] = {}
+
+    def activate(self, table: dict[str, grpc.RpcMethodHandler]) -> None:
+        self._table = table
+
+    def service(
+        self, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler | None:
+        return self._table.get(handler_call_details.method)  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How patient the server is; defaults suit a real node, tests shorten them."""
+
+    round_backoff_initial: float = 0.5
+    round_backoff_max: float = 30.0
+    confirm_timeout: float = 2.0
+    stop_grace: float = 0.05
+
+
+class ResourceServer:
+    def __init__(
+        self,
+        resource_name: str,
+        directory: Path,
+        socket_name: str,
+        feed: DeviceFeed,
+        candidates: Sequence[Adapter],
+        policy: RetryPolicy,
+        timing: Timing = Timing(),
+    ) -> None:
+        self._resource_name = resource_name
+        self.directory = directory
+        self.socket_name = socket_name
+        self._feed = feed
+        self.candidates = list(candidates)
+        self.policy = policy
+        self.timing = timing
+        self.generation: str | None = None
+        self.registrations = 0
+        self._router = _GenerationRouter()
+        self._health = health_aio.HealthServicer()
+        self._server: grpc.aio.Server | None = None
+        self._served: FileIdentity | None = None
+        self._registered_with: FileIdentity | None = None
+        self._restart = asyncio.Event()
+        self._kubelet_appeared = asyncio.Event()
+        self._stop = asyncio.Event()
+        self.registered = asyncio.Event()
+
+    # The ServedResource protocol the adapters read.
+    @property
+    def resource_name(self) -> str:
+        return self._resource_name
+
+    @property
+    def feed(self) -> DeviceFeed:
+        return self._feed
+
+    @property
+    def socket_path(self) -> Path:
+        return self.directory / self.socket_name
+
+    @property
+    def serving(self) -> bool:
+        return self._server is not None
+
+    async def run(self) -> None:
+        """Serve and stay registered until :meth:`stop`; survives any kubelet behaviour."""
+        while not self._stop.is_set():
+            self._restart.clear()
+            try:
+                await self._serve()
+            except Exception:
+                log.exception("%s: cannot serve on %s; retrying", self.resource_name,
+                              self.socket_path)
+                await self._pause(self.timing.round_backoff_max / 10)
+                continue
+            holder = asyncio.create_task(self._register_and_hold())
+            waiters = [asyncio.create_task(self._restart.wait()),
+                       asyncio.create_task(self._stop.wait())]
+            try:
+                await asyncio.wait([holder, *waiters], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in (holder, *waiters):
+                    task.cancel()
+                await asyncio.gather(holder, *waiters, return_exceptions=True)
+                await self._unserve()
+            if self._restart.is_set() and not self._stop.is_set():
+                log.info("%s: kubelet restarted; serving and negotiating again",
+                         self.resource_name)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def on_dir_event(self, event: DirEvent) -> None:
+        """React to a change in the device-plugin directory (see the module docstring)."""
+        ours_deleted = event.name == self.socket_name and event.change is Change.DELETED
+        if event.change in (Change.DIRECTORY_GONE, Change.OVERFLOW) or ours_deleted:
+            self.check()
+        elif event.name == KUBELET_SOCKET and event.change is Change.CREATED:
+            self._kubelet_appeared.set()
+            self.check()
+
+    def check(self) -> None:
+        """Request a restart if our socket is gone or the kubelet socket was replaced."""
+        if self._server is None or self._restart.is_set():
+            return
+        if identity(self.socket_path) != self._served:
+            log.info("%s: socket %s was removed (kubelet restart?)", self.resource_name,
+                     self.socket_path)
+            self._restart.set()
+            return
+        if self._registered_with is not None:
+            current = identity(self.directory / KUBELET_SOCKET)
+            if current is not None and current != self._registered_with:
+                log.info("%s: %s was created anew (kubelet restart?)", self.resource_name,
+                         KUBELET_SOCKET)
+                self._restart.set()
+
+    async def self_check(self, timeout: float = 2.0) -> bool:
+        """A real gRPC round trip over our own socket: what the liveness heartbeat needs."""
+        if self._server is None:
+            return True
+        target = f"unix://{self.socket_path.absolute()}"
+        try:
+            async with grpc.aio.insecure_channel(target) as channel:
+                stub = health_pb2_grpc.HealthStub(channel)
+                reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            log.warning("%s: self-check failed: %s", self.resource_name, exc.code().name)
+            return False
+        return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+    async def _serve(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers([self._router])
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        server.add_insecure_port(f"unix://{self.socket_path.absolute()}")
+        await server.start()
+        self._server = server
+        self._served = identity(self.socket_path)
+        async with grpc.aio.insecure_channel(f"unix://{self.socket_path.absolute()}") as channel:
+            await asyncio.wait_for(channel.channel_ready(), self.timing.confirm_timeout)
+        log.debug("%s: serving on %s", self.resource_name, self.socket_path)
+
+    async def _unserve(self) -> None:
+        server, self._server = self._server, None
+        self._registered_with = None
+        self.generation = None
+        self.registered.clear()
+        if server is not None:
+            await server.stop(self.timing.stop_grace)
+        if self._served is not None and identity(self.socket_path) == self._served:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.socket_path)
+        self._served = None
+
+    async def _register_and_hold(self) -> None:
+        pause = self.timing.round_backoff_initial
+        while True:
+            self._kubelet_appeared.clear()
+            try:
+                adapter = await negotiate(
+                    self.directory,
+                    self.candidates,
+                    self.resource_name,
+                    self.socket_name,
+                    self.policy,
+                    before_attempt=self._offer,
+                )
+            except NegotiationError as failure:
+                self._report(failure, pause)
+                await self._pause(pause)
+                pause = min(pause * 2, self.timing.round_backoff_max)
+                continue
+            self._registered_with = identity(self.directory / KUBELET_SOCKET)
+            self.generation = adapter.name
+            self.registrations += 1
+            self.registered.set()
+            await self._stop.wait()
+            return
+
+    def _offer(self, adapter: Adapter) -> None:
+        self._router.activate(adapter.handlers(self))
+
+    def _report(self, failure: NegotiationError, pause: float) -> None:
+        tried = ", ".join(a.name for a in self.candidates)
+        level = logging.ERROR if isinstance(failure, NoGenerationAccepted) else logging.WARNING
+        log.log(level, "%s: not registered (tried %s): %s; next round in %.1fs or when "
+                "kubelet.sock appears", self.resource_name, tried, failure, pause)
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep ``seconds`` (with a little jitter), cut short by a new kubelet or a stop."""
+        waiters = [asyncio.create_task(self._kubelet_appeared.wait()),
+                   asyncio.create_task(self._stop.wait())]
+        try:
+            await asyncio.wait(waiters, timeout=seconds * random.uniform(0.9, 1.1))
+        finally:
+            for task in waiters:
+                task.cancel()

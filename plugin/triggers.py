@@ -1,0 +1,16 @@
+"""Which event sources, beyond inotify on the backend's directories, wake a rescan."""
+
+from __future__ import annotations
+
+from plugin.backends.base import Backend
+from plugin.monitor import TriggerSource
+
+
+def triggers_for(backend: Backend) -> list[TriggerSource]:
+    """Kernel uevents of the subsystems the backend reads, where the backend declares any."""
+    subsystems = getattr(backend, "uevent_subsystems", ())
+    if backend.static or not subsystems:
+        return []
+    from plugin.uevents import kernel_uevents
+
+    return [lambda: kernel_uevents(subsystems)]
