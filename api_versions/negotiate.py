@@ -174,7 +174,7 @@ async def _register_with_retries(
         retry=retry_if_exception_type(TransientFailure),
         stop=stop_after_attempt(max(1, policy.attempts)),
         wait=wait_exponential_jitter(
-            initial=policy.initial_backoff, max=policy.max_backoff, jitter=policy.jitter
+            multiplier=policy.initial_backoff, max=policy.max_backoff, jitter=policy.jitter
         ),
         before_sleep=before_sleep,
         reraise=True,
