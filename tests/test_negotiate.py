@@ -65,10 +65,9 @@ def test_default_order_is_newest_first_by_pep440() -> None:
 async def test_unimplemented_and_version_refusal_move_on_at_once(directory: Path) -> None:
     """A 1.8 kubelet: v1beta1 is another package (UNIMPLEMENTED), v1alpha2 has the wrong
     version string; both are passed over without a retry and v1alpha1 registers."""
+    refusal = (grpc.StatusCode.UNKNOWN, "Unsupported API version by the Kubelet registry")
     kubelet = await scripted_kubelet(
-        directory, "v1alpha1",
-        lambda r: None if r.version == "0.1" else (grpc.StatusCode.UNKNOWN,
-                                                    "Unsupported API version by the Kubelet registry"),
+        directory, "v1alpha1", lambda r: None if r.version == "0.1" else refusal
     )
     offered: list[str] = []
     try:
