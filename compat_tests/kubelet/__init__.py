@@ -1,0 +1,29 @@
+"""Emulated kubelets (k8s 1.8 .. 1.33) for testing the device plugin against every API."""
+
+from compat_tests.kubelet.emulator import KubeletEmulator
+from compat_tests.kubelet.models import MODELS
+from compat_tests.kubelet.results import (
+    ContainerAllocation,
+    DeviceNode,
+    EmulatedDevice,
+    FeatureUnavailable,
+    KubeletError,
+    MountEntry,
+    NotRegistered,
+    PluginCallError,
+    RegistrationRecord,
+)
+
+__all__ = [
+    "MODELS",
+    "ContainerAllocation",
+    "DeviceNode",
+    "EmulatedDevice",
+    "FeatureUnavailable",
+    "KubeletEmulator",
+    "KubeletError",
+    "MountEntry",
+    "NotRegistered",
+    "PluginCallError",
+    "RegistrationRecord",
+]

@@ -1,0 +1,355 @@
+"""A kubelet's device-plugin manager, emulated for one Kubernetes version at a time.
+
+Tests and the ``demo`` command run the real plugin against this instead of a real kubelet.
+It does what a kubelet does to a plugin, in the order a kubelet does it: wipe the
+directory at start, serve ``kubelet.sock`` with its own generation only, check Register,
+dial back (synchronously for 1.26+), keep one ListAndWatch stream per resource, and call
+Allocate / GetPreferredAllocation / PreStartContainer on demand. Version differences come
+from ``models``; wire shapes from ``translate``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import grpc
+
+from api_versions.wire import WireApi
+from compat_tests.kubelet import translate
+from compat_tests.kubelet.endpoint import PluginEndpoint, go_status
+from compat_tests.kubelet.models import DEFAULT_MODEL, OptionsSource, StreamEnd, load_model
+from compat_tests.kubelet.registration import RegistrationRefused, RegistrationService
+from compat_tests.kubelet.results import (
+    UNHEALTHY,
+    ContainerAllocation,
+    EmulatedDevice,
+    FeatureUnavailable,
+    NotRegistered,
+    PluginCallError,
+    RegistrationRecord,
+)
+
+log = logging.getLogger(__name__)
+
+KUBELET_SOCKET = "kubelet.sock"
+CHECKPOINT = "kubelet_internal_checkpoint"
+DIAL_TIMEOUT = 10.0
+MAX_UNIX_PATH = 107
+# Starting wipes the directory; a typo must not empty one of these.
+_SHARED_DIRECTORIES = frozenset({"/", "/tmp", "/var/tmp", "/dev/shm", "/var", "/var/lib", "/root",
+                                 "/home", str(Path.home())})
+
+DevicePredicate = Callable[[dict[str, EmulatedDevice]], bool]
+
+
+def all_healthy(devices: dict[str, EmulatedDevice]) -> bool:
+    """Default wait condition: the resource has devices and every one is healthy."""
+    return bool(devices) and all(d.healthy for d in devices.values())
+
+
+def clean_directory(directory: Path) -> list[str]:
+    """Delete every file but the checkpoint, as a starting kubelet does; return the names."""
+    removed = []
+    for entry in sorted(directory.iterdir()):
+        if entry.name == CHECKPOINT or entry.is_dir():
+            continue
+        entry.unlink(missing_ok=True)
+        removed.append(entry.name)
+    return removed
+
+
+def endpoint_path(directory: Path, endpoint: str) -> Path:
+    """Go's filepath.Join(dir, endpoint): an absolute endpoint is still under ``dir``."""
+    return Path(os.path.normpath(os.path.join(directory, endpoint.lstrip("/"))))
+
+
+class KubeletEmulator:
+    """One kubelet of version ``model`` watching ``directory`` for device plugins."""
+
+    def __init__(
+        self,
+        directory: Path,
+        model: str = DEFAULT_MODEL,
+        *,
+        accept_no_version: bool = False,
+        hang_register: bool = False,
+        dial_timeout: float = DIAL_TIMEOUT,
+    ) -> None:
+        self.directory = Path(directory)
+        self.model = load_model(model)
+        self.wire = WireApi.load(self.model.generation)
+        self.dial_timeout = dial_timeout
+        self.registrations: list[RegistrationRecord] = []
+        self.register_attempts: list[RegistrationRecord] = []
+        self.removed_at_start: list[str] = []
+        self._service = RegistrationService(
+            self.model, self.wire, self._accept, self._refuse,
+            accept_no_version=accept_no_version, hang=hang_register,
+        )
+        self._endpoints: dict[str, PluginEndpoint] = {}
+        self._devices: dict[str, dict[str, EmulatedDevice]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._changed = asyncio.Event()
+        self._server: grpc.aio.Server | None = None
+        if os.path.realpath(self.directory) in _SHARED_DIRECTORIES:
+            raise ValueError(f"{self.directory} is a shared directory; a kubelet would wipe it")
+        if len(str(self.socket_path)) > MAX_UNIX_PATH:
+            raise ValueError(f"{self.socket_path} is longer than a unix socket path may be")
+
+    @property
+    def generation(self) -> str:
+        return self.model.generation
+
+    @property
+    def socket_path(self) -> Path:
+        return self.directory / KUBELET_SOCKET
+
+    @property
+    def running(self) -> bool:
+        return self._server is not None
+
+    # -- life cycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start like a kubelet: make the dir, wipe plugin sockets, serve kubelet.sock."""
+        if self._server is not None:
+            raise RuntimeError("emulated kubelet already running")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.removed_at_start = clean_directory(self.directory)
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers(self._service.handlers())
+        server.add_insecure_port(f"unix:{self.socket_path}")
+        await server.start()
+        self._server = server
+        log.info(
+            "kubelet %s (%s) serving %s; removed at start: %s", self.model.name,
+            self.generation, self.socket_path, ", ".join(self.removed_at_start) or "nothing",
+        )
+
+    async def stop(self) -> None:
+        """Stop like a kubelet going down: drop the server and streams, remove kubelet.sock."""
+        server, self._server = self._server, None
+        if server is not None:
+            await server.stop(0)
+        for task in list(self._tasks):
+            task.cancel()
+        endpoints, self._endpoints = list(self._endpoints.values()), {}
+        for endpoint in endpoints:
+            await endpoint.close()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self.socket_path.unlink(missing_ok=True)
+        self._notify()
+        if server is not None:
+            log.info("kubelet %s stopped", self.model.name)
+
+    async def __aenter__(self) -> KubeletEmulator:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    # -- registration -----------------------------------------------------------------------
+
+    def _refuse(self, fields: translate.RegisterFields, problem: str) -> None:
+        self.register_attempts.append(self._record(fields, problem))
+        self._notify()
+
+    def _record(self, fields: translate.RegisterFields, problem: str | None) -> RegistrationRecord:
+        return RegistrationRecord(
+            resource_name=fields.resource_name, endpoint=fields.endpoint,
+            version=fields.version, generation=self.generation,
+            accepted=problem is None, error=problem,
+        )
+
+    def _accepted(self, fields: translate.RegisterFields) -> None:
+        record = self._record(fields, None)
+        self.register_attempts.append(record)
+        self.registrations.append(record)
+        log.info(
+            "kubelet %s: registered %s (version %s) at %s",
+            self.model.name, fields.resource_name, fields.version, fields.endpoint,
+        )
+        self._notify()
+
+    async def _accept(self, fields: translate.RegisterFields) -> None:
+        """A Register passed the checks: dial back now (1.26+) or after answering (older)."""
+        endpoint = PluginEndpoint(
+            self.model, self.wire, fields.resource_name,
+            endpoint_path(self.directory, fields.endpoint),
+        )
+        if not self.model.registers_synchronously:
+            if self.model.options_source is OptionsSource.REGISTER_REQUEST:
+                endpoint.options = fields.options
+            self._accepted(fields)
+            self._spawn(self._connect_later(endpoint))
+            return
+        try:
+            await endpoint.dial(self.dial_timeout)
+            await endpoint.fetch_options()
+        except PluginCallError as exc:
+            await endpoint.close()
+            if exc.method == "dial":
+                raise RegistrationRefused(exc.details) from None
+            raise RegistrationRefused(
+                f"failed to get device plugin options: {go_status(exc.code, exc.details)}"
+            ) from None
+        self._accepted(fields)
+        await self._install(endpoint)
+
+    async def _connect_later(self, endpoint: PluginEndpoint) -> None:
+        try:
+            await endpoint.dial(self.dial_timeout)
+        except PluginCallError as exc:
+            log.error("kubelet %s: failed to dial %s: %s", self.model.name, endpoint, exc.details)
+            await endpoint.close()
+            return
+        await self._install(endpoint)
+
+    async def _install(self, endpoint: PluginEndpoint) -> None:
+        """Make ``endpoint`` the resource's plugin (newest wins) and open its stream."""
+        old = self._endpoints.get(endpoint.resource_name)
+        self._endpoints[endpoint.resource_name] = endpoint
+        endpoint.start_stream(self._on_update, self._on_stream_end)
+        if old is not None:
+            log.info("kubelet %s: %s replaces %s", self.model.name, endpoint, old)
+            await old.close()
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- ListAndWatch -----------------------------------------------------------------------
+
+    def _on_update(self, endpoint: PluginEndpoint, devices: dict[str, EmulatedDevice]) -> None:
+        if self._endpoints.get(endpoint.resource_name) is not endpoint:
+            return
+        self._devices[endpoint.resource_name] = devices
+        log.info(
+            "kubelet %s: %s devices: %s", self.model.name, endpoint.resource_name,
+            " ".join(f"{d.id}={d.health}" + (f"@numa{list(d.numa_nodes)}" if d.numa_nodes else "")
+                     for d in devices.values()) or "none",
+        )
+        self._notify()
+
+    def _on_stream_end(self, endpoint: PluginEndpoint, reason: str) -> None:
+        name = endpoint.resource_name
+        if self._endpoints.get(name) is not endpoint:
+            return
+        del self._endpoints[name]
+        if self.model.table.stream_end is StreamEnd.DROP:
+            self._devices.pop(name, None)
+            outcome = "devices dropped"
+        else:
+            self._devices[name] = {
+                i: EmulatedDevice(d.id, UNHEALTHY, d.numa_nodes)
+                for i, d in self._devices.get(name, {}).items()
+            }
+            outcome = "devices marked unhealthy"
+        log.warning(
+            "kubelet %s: ListAndWatch of %s ended (%s); %s, waiting for a new registration",
+            self.model.name, name, reason, outcome,
+        )
+        self._notify()
+
+    def _notify(self) -> None:
+        event, self._changed = self._changed, asyncio.Event()
+        event.set()
+
+    # -- what tests look at -----------------------------------------------------------------
+
+    def devices(self, resource_name: str) -> dict[str, EmulatedDevice]:
+        """The latest device list the kubelet holds for ``resource_name`` (a copy)."""
+        return dict(self._devices.get(resource_name, {}))
+
+    def is_connected(self, resource_name: str) -> bool:
+        """Whether a plugin is registered and streaming for ``resource_name``."""
+        return resource_name in self._endpoints
+
+    def endpoint_socket(self, resource_name: str) -> Path | None:
+        endpoint = self._endpoints.get(resource_name)
+        return endpoint.socket_path if endpoint else None
+
+    def options(self, resource_name: str) -> translate.PluginOptions:
+        return self._endpoint(resource_name).options
+
+    async def wait_until(
+        self, condition: Callable[[], bool], timeout: float = 5.0, what: str = "condition"
+    ) -> None:
+        """Wait (event-driven) until ``condition()`` holds; TimeoutError naming ``what``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not condition():
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise TimeoutError(f"kubelet {self.model.name}: no {what} within {timeout} s")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), remaining)
+
+    async def wait_for_registrations(self, count: int = 1, timeout: float = 5.0) -> None:
+        await self.wait_until(
+            lambda: len(self.registrations) >= count, timeout, f"{count} registration(s)"
+        )
+
+    async def wait_for_devices(
+        self,
+        resource_name: str,
+        predicate: DevicePredicate | None = None,
+        timeout: float = 5.0,
+    ) -> dict[str, EmulatedDevice]:
+        """Wait until the device list of ``resource_name`` satisfies ``predicate``.
+
+        The default predicate is "at least one device and all healthy". On timeout the
+        error shows the list the kubelet holds, so a failing test says what it saw.
+        """
+        check = predicate or all_healthy
+        try:
+            await self.wait_until(
+                lambda: check(self.devices(resource_name)), timeout,
+                f"matching devices for {resource_name}",
+            )
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}; holding {self.devices(resource_name)}") from None
+        return self.devices(resource_name)
+
+    def _endpoint(self, resource_name: str) -> PluginEndpoint:
+        endpoint = self._endpoints.get(resource_name)
+        if endpoint is None:
+            raise NotRegistered(f"Unknown Device Plugin {resource_name}")
+        return endpoint
+
+    async def allocate(self, resource_name: str, device_ids: list[str]) -> ContainerAllocation:
+        """Allocate ``device_ids`` for one container, as the kubelet does at pod admission.
+
+        The IDs go to the plugin unchecked, so tests can see how the plugin refuses IDs it
+        does not own. Raises PluginCallError (gRPC code and message) if the plugin refuses.
+        """
+        return await self._endpoint(resource_name).allocate(list(device_ids))
+
+    async def preferred_allocation(
+        self, resource_name: str, available: list[str], must_include: list[str], size: int
+    ) -> list[str]:
+        """GetPreferredAllocation for one container (1.19+, if the plugin advertises it)."""
+        endpoint = self._endpoint(resource_name)
+        if not self.model.calls_preferred_allocation:
+            raise FeatureUnavailable(f"kubelet {self.model.name} has no GetPreferredAllocation")
+        if not endpoint.options.preferred_allocation_available:
+            raise FeatureUnavailable(
+                f"{resource_name}: the plugin does not advertise get_preferred_allocation_available"
+            )
+        return await endpoint.preferred_allocation(list(available), list(must_include), size)

@@ -1,0 +1,412 @@
+"""The kubelet emulator behaves like the kubelet of each version, checked with a fake plugin.
+
+The matrix trusts the emulator to be a faithful kubelet; these tests pin down the kubelet
+behaviour it relies on, from the plugin's side of the socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import grpc
+import pytest
+
+from compat_tests.fake_plugin import FakePlugin
+from compat_tests.kubelet import (
+    MODELS,
+    FeatureUnavailable,
+    KubeletEmulator,
+    NotRegistered,
+    PluginCallError,
+)
+from compat_tests.kubelet.registration import is_extended_resource_name
+
+RESOURCE = "example.com/fake"
+
+
+@pytest.fixture
+async def stack(sockdir):
+    """Start emulators and fake plugins through this; all are stopped at teardown."""
+    started: list = []
+
+    async def start(thing):
+        await thing.start()
+        started.append(thing)
+        return thing
+
+    yield start
+    for thing in reversed(started):
+        await thing.stop()
+
+
+def test_models_map_versions_to_generations():
+    assert MODELS["1.8"] == "v1alpha1"
+    assert MODELS["1.9"] == "v1alpha2"
+    assert {MODELS[m] for m in ("1.10", "1.16", "1.19", "1.26", "1.33")} == {"v1beta1"}
+    with pytest.raises(ValueError, match="unknown kubelet model"):
+        KubeletEmulator(__import__("pathlib").Path("/tmp"), "1.7")
+
+
+@pytest.mark.parametrize(
+    ("model", "sent", "message"),
+    [
+        ("1.8", "v1alpha2", "unsupported API version by the Kubelet registry"),
+        ("1.9", "0.1", 'requested API version "0.1" is not supported by kubelet. '
+                       'Supported version is "v1alpha2"'),
+        ("1.10", "v1alpha2", 'requested API version "v1alpha2" is not supported by kubelet. '
+                             'Supported version is ["v1beta1"]'),
+        ("1.26", "v1", 'requested API version "v1" is not supported by kubelet. '
+                       'Supported version is ["v1beta1"]'),
+    ],
+)
+async def test_version_string_is_checked_exactly(stack, sockdir, model, sent, message):
+    kubelet = await stack(KubeletEmulator(sockdir, model))
+    plugin = await stack(FakePlugin(sockdir, "p.sock", kubelet.generation))
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await plugin.register(kubelet.socket_path, version=sent)
+    assert refused.value.code() == grpc.StatusCode.UNKNOWN
+    assert refused.value.details() == message
+    assert kubelet.registrations == []
+    assert kubelet.register_attempts[-1].error == message
+
+    await plugin.register(kubelet.socket_path)
+    assert [r.version for r in kubelet.registrations] == [plugin_version(kubelet.generation)]
+
+
+def plugin_version(generation):
+    return {"v1alpha1": "0.1", "v1alpha2": "v1alpha2", "v1beta1": "v1beta1"}[generation]
+
+
+@pytest.mark.parametrize(
+    ("model", "sent_generation", "service"),
+    [
+        ("1.26", "v1alpha2", "deviceplugin.Registration"),
+        ("1.10", "v1alpha1", "deviceplugin.Registration"),
+        ("1.9", "v1beta1", "v1beta1.Registration"),
+        ("1.8", "v1beta1", "v1beta1.Registration"),
+    ],
+)
+async def test_other_packages_are_unimplemented(stack, sockdir, model, sent_generation, service):
+    kubelet = await stack(KubeletEmulator(sockdir, model))
+    plugin = FakePlugin(sockdir, "p.sock", sent_generation)
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await plugin.register(kubelet.socket_path)
+    assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert refused.value.details() == f"unknown service {service}"
+
+
+async def test_same_package_other_generation_gets_the_version_error(stack, sockdir):
+    # 1.8 and 1.9 share deviceplugin.Registration: only the version string tells them apart.
+    kubelet = await stack(KubeletEmulator(sockdir, "1.8"))
+    plugin = FakePlugin(sockdir, "p.sock", "v1alpha2")
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await plugin.register(kubelet.socket_path)
+    assert refused.value.details() == "unsupported API version by the Kubelet registry"
+
+
+@pytest.mark.parametrize(
+    ("name", "valid"),
+    [
+        ("b-com.com/accelerator", True),
+        ("intel.com/fpga-arria10.v1", True),
+        ("example.com/A_b.c-9", True),
+        ("accelerator", False),
+        ("kubernetes.io/fpga", False),
+        ("fpga.kubernetes.io/arria", False),
+        ("example.com/", False),
+        ("example.com/-fpga", False),
+        ("example.com/fpga_", False),
+        ("example.com/" + "a" * 63, True),
+        ("example.com/" + "a" * 64, False),
+        ("Example.com/fpga", False),
+        ("example.com/a/b", False),
+        ("/fpga", False),
+        ("", False),
+    ],
+)
+def test_resource_name_rules(name, valid):
+    assert is_extended_resource_name(name) is valid
+
+
+@pytest.mark.parametrize(
+    ("model", "name", "message"),
+    [
+        ("1.8", "fpga", "the ResourceName is invalid"),
+        ("1.8", "", "invalid Empty ResourceName"),
+        ("1.9", "kubernetes.io/fpga", 'the ResourceName "kubernetes.io/fpga" is invalid'),
+        ("1.26", "example.com/-x", 'the ResourceName "example.com/-x" is invalid'),
+    ],
+)
+async def test_bad_resource_name_is_refused(stack, sockdir, model, name, message):
+    kubelet = await stack(KubeletEmulator(sockdir, model))
+    plugin = await stack(FakePlugin(sockdir, "p.sock", kubelet.generation))
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await plugin.register(kubelet.socket_path, resource_name=name)
+    assert refused.value.code() == grpc.StatusCode.UNKNOWN
+    assert refused.value.details() == message
+
+
+async def test_recent_kubelet_dials_back_before_answering(stack, sockdir):
+    kubelet = await stack(KubeletEmulator(sockdir, "1.26", dial_timeout=1.0))
+    nobody = FakePlugin(sockdir, "absent.sock", "v1beta1")
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await nobody.register(kubelet.socket_path)
+    assert refused.value.code() == grpc.StatusCode.UNKNOWN
+    assert refused.value.details().startswith("failed to dial device plugin")
+    assert kubelet.registrations == []
+    assert not kubelet.is_connected(RESOURCE)
+
+
+async def test_recent_kubelet_needs_get_device_plugin_options(stack, sockdir):
+    kubelet = await stack(KubeletEmulator(sockdir, "1.26"))
+    plugin = await stack(FakePlugin(sockdir, "p.sock", "v1beta1", serve_options=False))
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await plugin.register(kubelet.socket_path)
+    assert refused.value.details().startswith(
+        "failed to get device plugin options: rpc error: code = Unimplemented desc = ")
+    assert plugin.streams_opened == 0
+
+
+@pytest.mark.parametrize("model", ["1.8", "1.9", "1.10", "1.25"])
+async def test_older_kubelets_answer_first_and_dial_afterwards(stack, sockdir, model):
+    kubelet = await stack(KubeletEmulator(sockdir, model, dial_timeout=1.0))
+    nobody = FakePlugin(sockdir, "absent.sock", kubelet.generation)
+    await nobody.register(kubelet.socket_path)  # accepted although nothing serves
+    assert [r.endpoint for r in kubelet.registrations] == ["absent.sock"]
+    with pytest.raises(TimeoutError):
+        await kubelet.wait_for_devices(RESOURCE, timeout=1.5)
+
+
+async def test_start_wipes_the_directory_but_the_checkpoint(stack, sockdir):
+    plugin_dir = sockdir / "sub"
+    plugin_dir.mkdir()
+    (sockdir / "kubelet_internal_checkpoint").write_text("{}")
+    (sockdir / "notes.txt").write_text("x")
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(sockdir / "old.sock"))
+    stale.close()
+    kubelet = await stack(KubeletEmulator(sockdir, "1.26"))
+    assert sorted(p.name for p in sockdir.iterdir()) == [
+        "kubelet.sock", "kubelet_internal_checkpoint", "sub"]
+    assert kubelet.removed_at_start == ["notes.txt", "old.sock"]
+    await kubelet.stop()
+    assert not kubelet.socket_path.exists()
+
+
+@pytest.mark.parametrize("shared", ["/", "/tmp", "/tmp/../tmp"])
+def test_refuses_to_wipe_a_shared_directory(shared):
+    with pytest.raises(ValueError, match="shared directory"):
+        KubeletEmulator(__import__("pathlib").Path(shared), "1.26")
+
+
+async def test_start_creates_a_missing_directory(stack, sockdir):
+    kubelet = await stack(KubeletEmulator(sockdir / "new" / "dir", "1.9"))
+    assert kubelet.socket_path.is_socket()
+
+
+async def test_restart_deletes_plugin_sockets(stack, sockdir):
+    kubelet = await stack(KubeletEmulator(sockdir, "1.26"))
+    plugin = await stack(FakePlugin(sockdir, "p.sock", "v1beta1"))
+    await plugin.register(kubelet.socket_path, resource_name=RESOURCE)
+    await kubelet.wait_for_devices(RESOURCE)
+    await kubelet.stop()
+    assert plugin.socket_path.exists()
+    again = await stack(KubeletEmulator(sockdir, "1.26"))
+    assert not plugin.socket_path.exists()
+    assert "p.sock" in again.removed_at_start
+    assert again.devices(RESOURCE) == {}
+
+
+@pytest.mark.parametrize("model", ["1.8", "1.9", "1.26"])
+async def test_one_stream_latest_list_and_no_reconnect(stack, sockdir, model):
+    kubelet = await stack(KubeletEmulator(sockdir, model))
+    plugin = await stack(FakePlugin(sockdir, "p.sock", kubelet.generation))
+    await plugin.register(kubelet.socket_path, resource_name=RESOURCE)
+    devices = await kubelet.wait_for_devices(RESOURCE)
+    assert sorted(devices) == ["a", "b"]
+    plugin.set_devices({"a": "Healthy", "b": "Unhealthy", "c": "Healthy"})
+    devices = await kubelet.wait_for_devices(RESOURCE, lambda d: len(d) == 3)
+    assert [d.health for d in devices.values()] == ["Healthy", "Unhealthy", "Healthy"]
+    assert plugin.streams_opened == 1
+
+    plugin.end_streams()
+    if kubelet.generation == "v1beta1":
+        after = await kubelet.wait_for_devices(
+            RESOURCE, lambda d: d and not any(x.healthy for x in d.values()))
+        assert sorted(after) == ["a", "b", "c"]
+    else:
+        await kubelet.wait_until(lambda: not kubelet.devices(RESOURCE), what="dropped devices")
+    assert not kubelet.is_connected(RESOURCE)
+    await asyncio.sleep(0.5)
+    assert plugin.streams_opened == 1  # the kubelet never reconnects by itself
+    with pytest.raises(NotRegistered):
+        await kubelet.allocate(RESOURCE, ["a"])
+
+
+@pytest.mark.parametrize("model", ["1.9", "1.26"])
+async def test_newest_registration_wins(stack, sockdir, model):
+    kubelet = await stack(KubeletEmulator(sockdir, model))
+    old = await stack(FakePlugin(sockdir, "old.sock", kubelet.generation, tag="old"))
+    new = await stack(FakePlugin(sockdir, "new.sock", kubelet.generation,
+                                 {"x": "Healthy"}, tag="new"))
+    await old.register(kubelet.socket_path, resource_name=RESOURCE)
+    await kubelet.wait_for_devices(RESOURCE, lambda d: sorted(d) == ["a", "b"])
+    await new.register(kubelet.socket_path, resource_name=RESOURCE)
+    await kubelet.wait_for_devices(RESOURCE, lambda d: sorted(d) == ["x"])
+    assert kubelet.endpoint_socket(RESOURCE) == new.socket_path
+    await kubelet.wait_until(lambda: old.streams_active == 0, what="old stream closed")
+    old.set_devices({"zzz": "Healthy"})  # the old plugin is no longer listened to
+    await asyncio.sleep(0.3)
+    assert sorted(kubelet.devices(RESOURCE)) == ["x"]
+    allocation = await kubelet.allocate(RESOURCE, ["x"])
+    assert allocation.envs["FAKE_TAG"] == "new"
+    assert [r.endpoint for r in kubelet.registrations] == ["old.sock", "new.sock"]
+
+
+async def test_allocation_is_normalised_across_generations(stack, sockdir):
+    seen = {}
+    for model in ("1.8", "1.9", "1.10", "1.29"):
+        directory = sockdir / model
+        kubelet = await stack(KubeletEmulator(directory, model))
+        plugin = await stack(FakePlugin(directory, "p.sock", kubelet.generation))
+        await plugin.register(kubelet.socket_path, resource_name=RESOURCE)
+        await kubelet.wait_for_devices(RESOURCE)
+        seen[model] = await kubelet.allocate(RESOURCE, ["b", "a"])
+    for allocation in seen.values():
+        assert allocation.envs == {"FAKE_IDS": "b,a", "FAKE_TAG": "fake"}
+        assert allocation.devices == [("/dev/fakeb", "/dev/fakeb", "rw"),
+                                      ("/dev/fakea", "/dev/fakea", "rw")]
+        assert allocation.mounts == [("/opt/fake", "/srv/fake", True)]
+    assert seen["1.10"].annotations == {"fake": "yes"}
+    assert seen["1.10"].cdi_devices == []  # CDI devices are read from 1.28 on
+    assert seen["1.29"].cdi_devices == ["fake.com/x=1"]
+
+
+@pytest.mark.parametrize("model", ["1.8", "1.9", "1.26"])
+async def test_allocate_error_carries_code_and_message(stack, sockdir, model):
+    kubelet = await stack(KubeletEmulator(sockdir, model))
+    plugin = await stack(FakePlugin(sockdir, "p.sock", kubelet.generation))
+    await plugin.register(kubelet.socket_path, resource_name=RESOURCE)
+    await kubelet.wait_for_devices(RESOURCE)
+    with pytest.raises(PluginCallError) as failed:
+        await kubelet.allocate(RESOURCE, ["a", "nope"])
+    assert failed.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "nope" in failed.value.details
+    assert failed.value.method.endswith("DevicePlugin/Allocate")
+
+
+@pytest.mark.parametrize(("model", "numa"), [("1.15", ()), ("1.16", (1,)), ("1.26", (1,))])
+async def test_topology_is_read_from_1_16(stack, sockdir, model, numa):
+    kubelet = await stack(KubeletEmulator(sockdir, model))
+    plugin = await stack(FakePlugin(sockdir, "p.sock", "v1beta1", numa=1))
+    await plugin.register(kubelet.socket_path, resource_name=RESOURCE)
+    devices = await kubelet.wait_for_devices(RESOURCE)
+    assert {d.numa_nodes for d in devices.values()} == {numa}
+
+
+async def test_preferred_allocation_only_when_advertised_and_known(stack, sockdir):
+    kubelet = await stack(KubeletEmulator(sockdir / "new", "1.26"))
+    plugin = await stack(FakePlugin(sockdir / "new", "p.sock", "v1beta1",
+                                    {"a": "Healthy", "b": "Healthy", "c": "Healthy"},
+                                    preferred_available=True))
+    await plugin.register(kubelet.socket_path, resource_name=RESOURCE)
+    await kubelet.wait_for_devices(RESOURCE)
+    assert await kubelet.preferred_allocation(RESOURCE, ["c", "b", "a"], ["c"], 2) == ["c", "a"]
+
+    old = await stack(KubeletEmulator(sockdir / "old", "1.18"))
+    plugin18 = await stack(FakePlugin(sockdir / "old", "p.sock", "v1beta1",
+                                      preferred_available=True))
+    await plugin18.register(old.socket_path, resource_name=RESOURCE)
+    await old.wait_for_devices(RESOURCE)
+    with pytest.raises(FeatureUnavailable):
+        await old.preferred_allocation(RESOURCE, ["a", "b"], [], 1)
+
+    quiet = await stack(KubeletEmulator(sockdir / "q", "1.26"))
+    plain = await stack(FakePlugin(sockdir / "q", "p.sock", "v1beta1"))
+    await plain.register(quiet.socket_path, resource_name=RESOURCE)
+    await quiet.wait_for_devices(RESOURCE)
+    with pytest.raises(FeatureUnavailable, match="does not advertise"):
+        await quiet.preferred_allocation(RESOURCE, ["a", "b"], [], 1)
+
+
+@pytest.mark.parametrize(("model", "expected"), [("1.10", True), ("1.26", True), ("1.9", False)])
+async def test_pre_start_only_when_required(stack, sockdir, model, expected):
+    kubelet = await stack(KubeletEmulator(sockdir, model))
+    plugin = await stack(FakePlugin(sockdir, "p.sock", kubelet.generation,
+                                    pre_start_required=True))
+    await plugin.register(kubelet.socket_path, resource_name=RESOURCE)
+    await kubelet.wait_for_devices(RESOURCE)
+    allocation = await kubelet.allocate(RESOURCE, ["a"])
+    assert allocation.pre_started is expected
+    assert plugin.pre_started == ([["a"]] if expected else [])
+
+
+async def test_kubelets_before_1_26_take_options_from_register_request(stack, sockdir):
+    # 1.10 .. 1.25 never call GetDevicePluginOptions: the RegisterRequest carries them.
+    kubelet = await stack(KubeletEmulator(sockdir, "1.20"))
+    plugin = await stack(FakePlugin(sockdir, "p.sock", "v1beta1", serve_options=False,
+                                    pre_start_required=True, preferred_available=True))
+    await plugin.register(kubelet.socket_path, resource_name=RESOURCE)
+    await kubelet.wait_for_devices(RESOURCE)
+    assert kubelet.options(RESOURCE).pre_start_required
+    assert (await kubelet.allocate(RESOURCE, ["b"])).pre_started
+
+
+async def test_accept_no_version_refuses_everything(stack, sockdir):
+    kubelet = await stack(KubeletEmulator(sockdir, "1.26", accept_no_version=True))
+    plugin = await stack(FakePlugin(sockdir, "p.sock", "v1beta1"))
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await plugin.register(kubelet.socket_path)
+    assert refused.value.details() == (
+        'requested API version "v1beta1" is not supported by kubelet. Supported version is []')
+
+
+async def test_hanging_register_never_answers(stack, sockdir):
+    kubelet = await stack(KubeletEmulator(sockdir, "1.26", hang_register=True))
+    plugin = await stack(FakePlugin(sockdir, "p.sock", "v1beta1"))
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await plugin.register(kubelet.socket_path, timeout=0.5)
+    assert refused.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    waiting = asyncio.create_task(plugin.register(kubelet.socket_path, timeout=30))
+    await asyncio.sleep(0.2)
+    await asyncio.wait_for(kubelet.stop(), 5)  # stopping is not held up by the hung call
+    with pytest.raises(grpc.aio.AioRpcError):
+        await waiting
+    assert kubelet.registrations == []
+
+
+async def test_command_line_runs_until_sigterm(sockdir):
+    process = subprocess.Popen(
+        [sys.executable, "-m", "compat_tests.kubelet", "--dir", str(sockdir), "--model", "1.9"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        for _ in range(200):
+            if (sockdir / "kubelet.sock").exists():
+                break
+            await asyncio.sleep(0.05)
+        plugin = FakePlugin(sockdir, "p.sock", "v1alpha2")
+        await plugin.start()
+        try:
+            await plugin.register(sockdir / "kubelet.sock", resource_name=RESOURCE)
+            for _ in range(100):
+                if plugin.streams_opened:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            await plugin.stop()
+        os.kill(process.pid, signal.SIGTERM)
+        output, _ = process.communicate(timeout=10)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0
+    assert "registered example.com/fake (version v1alpha2) at p.sock" in output
+    assert "a=Healthy b=Healthy" in output
+    assert not (sockdir / "kubelet.sock").exists()
