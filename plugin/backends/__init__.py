@@ -1,18 +1,52 @@
-"""Discovery backends: the only code that reads sysfs and /dev."""
+"""Discovery backends: the only code that reads sysfs and /dev.
+
+Besides the :class:`Backend` protocol, every backend here also names the kernel uevent
+subsystems that announce its devices in ``uevent_subsystems`` (empty for static backends),
+so the caller knows what to feed :func:`plugin.uevents.kernel_uevents`.
+"""
 
 from __future__ import annotations
 
+from plugin.backends.auto import AutoBackend
+from plugin.backends.aws import AwsF1Backend
 from plugin.backends.base import Backend, BackendConfig
+from plugin.backends.empty import NoDevicesBackend
+from plugin.backends.intel import IntelBackend
 from plugin.backends.units import UnitsBackend
 
-BACKEND_NAMES = ("units",)
+BACKEND_NAMES = ("auto", "intel", "aws", "units", "none")
 
 
 def make_backend(name: str, config: BackendConfig) -> Backend:
-    """Build the backend called ``name``; raise ValueError naming the choices otherwise."""
+    """Build the backend called ``name``; raise ValueError naming the choices otherwise.
+
+    Construction never touches sysfs, so it cannot fail on a node without accelerators;
+    only an unknown name or a bad ``nb_units`` raises.
+    """
+    if name == "auto":
+        return AutoBackend(config)
+    if name == "intel":
+        return IntelBackend(config)
+    if name == "aws":
+        return AwsF1Backend(config)
     if name == "units":
         return UnitsBackend(config.nb_units)
+    if name == "none":
+        return NoDevicesBackend()
     raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKEND_NAMES)}")
 
 
-__all__ = ["BACKEND_NAMES", "Backend", "BackendConfig", "make_backend"]
+def uevent_subsystems(backend: Backend) -> tuple[str, ...]:
+    """The uevent subsystems worth a rescan for ``backend`` (none for static backends)."""
+    if backend.static:
+        return ()
+    return tuple(getattr(backend, "uevent_subsystems", ()))
+
+
+__all__ = [
+    "BACKEND_NAMES",
+    "Backend",
+    "BackendConfig",
+    "make_backend",
+    "uevent_subsystems",
+]

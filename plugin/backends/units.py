@@ -16,6 +16,7 @@ MAX_UNITS = 4096
 class UnitsBackend:
     name = "units"
     static = True
+    uevent_subsystems: tuple[str, ...] = ()
 
     def __init__(self, nb_units: int) -> None:
         if not 0 <= nb_units <= MAX_UNITS:

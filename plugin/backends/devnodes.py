@@ -1,0 +1,86 @@
+"""From a sysfs ``dev`` attribute to the device node a container must get.
+
+Resolution rule (the same for every backend):
+
+1. ``dev`` holds ``MAJ:MIN``. If ``<dev-root>/char/MAJ:MIN`` exists (udev creates these links
+   for every character device) and leads to a file inside ``<dev-root>``, that file is the
+   node. This follows udev rules that rename or move nodes.
+2. Otherwise ``<dev-root>/<kernel name>`` (``intel-fpga-port.0``, ``dfl-port.3``) is the node
+   if it exists, so a ``/dev`` without the ``char/`` links still works.
+3. Otherwise the node is missing and the device is Unhealthy until it appears.
+
+The node only has to exist: on a real node it is a character device, in a fake tree built
+by :mod:`plugin.backends.fake_sysfs` it is an empty regular file, because tests and the demo
+cannot ``mknod``. Host and container paths are both ``/dev/<path under dev-root>``: the
+dev-root is where the plugin looks (it may be the host's ``/dev`` mounted elsewhere), while
+the container runtime resolves host paths on the host, where the node lives under ``/dev``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from plugin.backends.sysfs import Attr, exists, real_path
+from plugin.model import DeviceNode
+
+_MAJ_MIN = re.compile(r"^(\d{1,10}):(\d{1,10})$")
+CONTAINER_DEV = PurePosixPath("/dev")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeLookup:
+    """The node found for one device, or the reason there is none."""
+
+    node: DeviceNode | None
+    problem: str = ""
+    warning: str = ""
+
+
+def parse_dev(text: str) -> tuple[int, int] | None:
+    match = _MAJ_MIN.match(text.strip())
+    if match is None:
+        return None
+    return int(match[1]), int(match[2])
+
+
+def resolve_node(dev_root: Path, dev: Attr, name: str) -> NodeLookup:
+    """Find the node of the character device called ``name`` whose ``dev`` attribute is ``dev``."""
+    warning = ""
+    numbers = parse_dev(dev.text) if dev.text is not None else None
+    if dev.text is not None and numbers is None:
+        warning = f"{dev.path}: {dev.text[:40]!r} is not MAJ:MIN; looking for {name} by name"
+    elif not dev.ok and not dev.missing:
+        warning = f"{dev.describe()}; looking for {name} by name"
+    if numbers is not None:
+        relative = _via_char_link(dev_root, numbers)
+        if relative is not None:
+            return NodeLookup(_node(relative), warning=warning)
+    by_name = dev_root / name
+    if "/" not in name and exists(by_name):
+        return NodeLookup(_node(PurePosixPath(name)), warning=warning)
+    where = f"{by_name}"
+    if numbers is not None:
+        where += f" (and no {dev_root / 'char' / f'{numbers[0]}:{numbers[1]}'})"
+    return NodeLookup(None, problem=f"device node {where} missing", warning=warning)
+
+
+def _via_char_link(dev_root: Path, numbers: tuple[int, int]) -> PurePosixPath | None:
+    link = dev_root / "char" / f"{numbers[0]}:{numbers[1]}"
+    target = real_path(link)
+    root = real_path(dev_root)
+    if target is None or root is None:
+        return None
+    try:
+        relative = target.relative_to(root)
+    except ValueError:
+        return None
+    if not relative.parts or relative.parts[0] == "char":
+        return None
+    return PurePosixPath(*relative.parts)
+
+
+def _node(relative: PurePosixPath) -> DeviceNode:
+    path = str(CONTAINER_DEV / relative)
+    return DeviceNode(host_path=path, container_path=path, permissions="rw")

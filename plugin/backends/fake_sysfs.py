@@ -1,0 +1,337 @@
+"""Fake sysfs and /dev trees, laid out like the kernel and udev lay them out, under any directory.
+
+Tests and the demo need nodes with cards, virtual functions, NUMA nodes, F1 instances and
+broken hardware, without root and without ``mknod``. The trees follow the real layouts
+closely (relative symlinks from ``class/`` and ``bus/pci/devices`` into ``devices/``, a
+``device`` link from each card to its PCI function, ``physfn``/``virtfnN`` links for SR-IOV),
+so the backends run the same code on them as on a real node.
+
+Device nodes are empty regular files ``<dev-root>/<name>`` plus the udev-style link
+``<dev-root>/char/MAJ:MIN -> ../<name>``; see :mod:`plugin.backends.devnodes` for how they
+are resolved. Mutation helpers change a tree the way the kernel and udev would (removing a
+port removes its node too), so the plugin's watchers see the same kind of events.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from plugin.backends.base import BackendConfig
+from plugin.backends.pci import PciAddress, parse_bdf
+
+DEFAULT_AFU_ID = "d8424dc4a4a3c413f89e433683f9040b"
+OTHER_AFU_ID = "9e1f4ab2c6d3487a8b0e5f1a2c3d4e5f"
+CRASHED_AFU_ID = "f" * 32
+DEFAULT_INTERFACE_ID = "3a00972ec9bf4b2a8e3c1c5e5a6f0d11"
+INTEL_VENDOR = "0x8086"
+FPGA_CLASS = "0x120000"
+AMAZON_VENDOR = "0x1d0f"
+F1_CLEARED = "0x1042"
+F1_MANAGEMENT = "0x1041"
+MAJORS = {"intel-fpga": 240, "dfl": 508}
+
+
+@dataclass
+class FakePort:
+    name: str
+    driver: str
+    bdf: str
+    path: Path
+    dev: str
+
+
+@dataclass
+class FakeCard:
+    driver: str
+    bdf: str
+    path: Path
+    ports: list[str] = field(default_factory=list)
+
+
+class FakeNode:
+    """A node's ``sys`` and ``dev`` trees under ``root``; see the module docstring."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.sysfs_root = self.root / "sys"
+        self.dev_root = self.root / "dev"
+        for path in (self.sysfs_root / "devices", self.sysfs_root / "bus" / "pci" / "devices",
+                     self.sysfs_root / "class" / "fpga", self.sysfs_root / "class" / "fpga_region",
+                     self.dev_root / "char"):
+            path.mkdir(parents=True, exist_ok=True)
+        self.ports: dict[str, FakePort] = {}
+        self.cards: dict[str, FakeCard] = {}
+        self.slots: list[tuple[str, str]] = []
+        self._next = {"intel-fpga-dev": 0, "intel-fpga-fme": 0, "intel-fpga-port": 0,
+                      "region": 0, "dfl-fme": 0, "dfl-port": 0}
+        self._minor = {"intel-fpga": 0, "dfl": 0}
+
+    def config(self, nb_units: int = 40) -> BackendConfig:
+        return BackendConfig(sysfs_root=self.sysfs_root, dev_root=self.dev_root,
+                             nb_units=nb_units)
+
+    # PCI functions ----------------------------------------------------------------------
+
+    def function_path(self, bdf: str) -> Path:
+        address = _address(bdf)
+        return self.sysfs_root / "devices" / f"pci{address.domain:04x}:{address.bus:02x}" / str(
+            address)
+
+    def add_function(self, bdf: str, vendor: str, device: str, numa_node: int = -1,
+                     pci_class: str = FPGA_CLASS, physfn: str | None = None) -> Path:
+        """A PCI function directory, listed in ``bus/pci/devices`` like the kernel does."""
+        path = self.function_path(bdf)
+        path.mkdir(parents=True, exist_ok=True)
+        for name, value in (("vendor", vendor), ("device", device), ("class", pci_class),
+                            ("numa_node", str(numa_node))):
+            _write(path / name, value)
+        _link(self.sysfs_root / "bus" / "pci" / "devices" / str(_address(bdf)), path)
+        if physfn is not None:
+            parent = self.function_path(physfn)
+            _link(path / "physfn", parent)
+            index = len([p for p in parent.iterdir() if p.name.startswith("virtfn")])
+            _link(parent / f"virtfn{index}", path)
+        return path
+
+    def remove_function(self, bdf: str) -> None:
+        canonical = str(_address(bdf))
+        (self.sysfs_root / "bus" / "pci" / "devices" / canonical).unlink(missing_ok=True)
+        shutil.rmtree(self.function_path(bdf), ignore_errors=True)
+
+    # Intel cards ------------------------------------------------------------------------
+
+    def add_opae_card(self, bdf: str, *, ports: int = 1, vfs: int = 0, numa_node: int = 0,
+                      device: str = "0x09c4", vf_device: str = "0x09c5",
+                      afu_id: str = DEFAULT_AFU_ID,
+                      interface_id: str = DEFAULT_INTERFACE_ID) -> list[str]:
+        """An OPAE card; with ``vfs`` its ports move to that many virtual functions."""
+        return self._add_card("intel-fpga", bdf, ports, vfs, numa_node, device, vf_device,
+                              afu_id, interface_id)
+
+    def add_dfl_card(self, bdf: str, *, ports: int = 1, vfs: int = 0, numa_node: int = 0,
+                     device: str = "0x0b30", vf_device: str = "0x0b31",
+                     afu_id: str = DEFAULT_AFU_ID,
+                     interface_id: str = DEFAULT_INTERFACE_ID) -> list[str]:
+        """A card driven by upstream DFL; ``vfs`` works as for :meth:`add_opae_card`."""
+        return self._add_card("dfl", bdf, ports, vfs, numa_node, device, vf_device,
+                              afu_id, interface_id)
+
+    def _add_card(self, driver: str, bdf: str, ports: int, vfs: int, numa_node: int,
+                  device: str, vf_device: str, afu_id: str, interface_id: str) -> list[str]:
+        canonical = str(_address(bdf))
+        self.add_function(canonical, INTEL_VENDOR, device, numa_node)
+        self._card(driver, canonical, interface_id)
+        names: list[str] = []
+        if vfs == 0:
+            names += [self.add_port(canonical, afu_id=afu_id) for _ in range(ports)]
+        pf = _address(canonical)
+        for index in range(vfs):
+            vf = str(PciAddress(pf.domain, pf.bus, pf.device, index + 1))
+            self.add_function(vf, INTEL_VENDOR, vf_device, numa_node, physfn=canonical)
+            self._card(driver, vf, None)
+            names.append(self.add_port(vf, afu_id=afu_id, port_id=index))
+        return names
+
+    def _card(self, driver: str, bdf: str, interface_id: str | None) -> FakeCard:
+        function = self.function_path(bdf)
+        if driver == "intel-fpga":
+            name = self._take("intel-fpga-dev", "intel-fpga-dev.{}")
+            path = function / "fpga" / name
+            path.mkdir(parents=True)
+            if interface_id is not None:
+                fme = path / self._take("intel-fpga-fme", "intel-fpga-fme.{}")
+                _write(fme / "pr" / "interface_id", interface_id)
+            _link(self.sysfs_root / "class" / "fpga" / name, path)
+        else:
+            name = self._take("region", "region{}")
+            path = function / "fpga_region" / name
+            path.mkdir(parents=True)
+            if interface_id is not None:
+                fme_name = self._take("dfl-fme", "dfl-fme.{}")
+                fme_region = path / fme_name / f"dfl-fme-region.{fme_name.split('.')[1]}"
+                pr_name = self._take("region", "region{}")
+                pr = fme_region / "fpga_region" / pr_name
+                _write(pr / "compat_id", interface_id)
+                _link(pr / "device", fme_region)
+                _link(self.sysfs_root / "class" / "fpga_region" / pr_name, pr)
+            _link(self.sysfs_root / "class" / "fpga_region" / name, path)
+        _link(path / "device", function)
+        card = FakeCard(driver, bdf, path)
+        self.cards[bdf] = card
+        return card
+
+    def add_port(self, bdf: str, *, afu_id: str = DEFAULT_AFU_ID,
+                 port_id: int | None = None) -> str:
+        """A new port on the card of function ``bdf``, with its device node; returns its name."""
+        card = self.cards[str(_address(bdf))]
+        prefix = "intel-fpga-port" if card.driver == "intel-fpga" else "dfl-port"
+        name = self._take(prefix, prefix + ".{}")
+        if port_id is None:
+            used = [int((self.ports[p].path / "id").read_text()) for p in card.ports]
+            port_id = max(used, default=-1) + 1
+        path = card.path / name
+        minor = self._minor[card.driver]
+        self._minor[card.driver] += 1
+        dev = f"{MAJORS[card.driver]}:{minor}"
+        _write(path / "afu_id", afu_id)
+        _write(path / "dev", dev)
+        _write(path / "id", str(port_id))
+        _write(path / "errors" / "errors", "0x0")
+        self.ports[name] = FakePort(name, card.driver, card.bdf, path, dev)
+        card.ports.append(name)
+        self.restore_device_node(name)
+        return name
+
+    def remove_port(self, name: str) -> None:
+        """The port and its device node disappear, as on driver unbind or card removal."""
+        port = self.ports.pop(name)
+        self.cards[port.bdf].ports.remove(name)
+        self.delete_device_node(name)
+        shutil.rmtree(port.path)
+
+    def port_path(self, name: str) -> Path:
+        return self.ports[name].path
+
+    def set_afu_id(self, name: str, afu_id: str) -> None:
+        _write(self.ports[name].path / "afu_id", afu_id)
+
+    def set_port_error(self, name: str, value: int | str) -> None:
+        text = f"{value:#x}" if isinstance(value, int) else value
+        _write(self.ports[name].path / "errors" / "errors", text)
+
+    def delete_device_node(self, name: str) -> None:
+        port = self.ports.get(name)
+        (self.dev_root / name).unlink(missing_ok=True)
+        if port is not None:
+            (self.dev_root / "char" / port.dev).unlink(missing_ok=True)
+
+    def restore_device_node(self, name: str) -> None:
+        port = self.ports[name]
+        _write(self.dev_root / name, "")
+        _link(self.dev_root / "char" / port.dev, self.dev_root / name)
+
+    # AWS F1 -----------------------------------------------------------------------------
+
+    def add_slot(self, app_bdf: str, *, numa_node: int = 0,
+                 app_device: str = F1_CLEARED) -> int:
+        """An F1 slot: the application function and its management function at device + 1."""
+        app = _address(app_bdf)
+        management = app.with_device(app.device + 1)
+        if management is None:
+            raise ValueError(f"{app_bdf}: no room for the management function after it")
+        self.add_function(str(app), AMAZON_VENDOR, app_device, numa_node, pci_class="0x058000")
+        self.add_function(str(management), AMAZON_VENDOR, F1_MANAGEMENT, numa_node,
+                          pci_class="0x058000")
+        self.slots.append((str(app), str(management)))
+        return len(self.slots) - 1
+
+    def remove_slot(self, app_bdf: str) -> None:
+        """Both functions of the slot disappear (instance resized, device unplugged)."""
+        for pair in list(self.slots):
+            if pair[0] == str(_address(app_bdf)):
+                self.slots.remove(pair)
+                for bdf in pair:
+                    self.remove_function(bdf)
+
+    def remove_application_function(self, app_bdf: str) -> None:
+        """Only the application function goes, as while an image is being loaded."""
+        self.remove_function(app_bdf)
+
+    def _take(self, counter: str, pattern: str) -> str:
+        number = self._next[counter]
+        self._next[counter] += 1
+        return pattern.format(number)
+
+
+# Ready-made nodes ---------------------------------------------------------------------------
+
+F1_16XLARGE_SLOTS = tuple(f"0000:00:{0x0f + 2 * i:02x}.0" for i in range(8))
+
+
+def build_intel_node(root: Path) -> FakeNode:
+    """Six ports on NUMA nodes 0 and 1, both drivers, SR-IOV and a two-port function.
+
+    ``0000:5e:00.0`` OPAE, NUMA 0; ``0000:3b:00.0`` DFL with two ports (IDs ``0000:3b:00.0``
+    and ``0000:3b:00.0-port1``), NUMA 0; ``0000:be:00.1`` and ``0000:be:00.2`` virtual
+    functions of an OPAE card, NUMA 1; ``0000:d8:00.0`` DFL with another AFU, NUMA 1.
+    """
+    node = FakeNode(root)
+    node.add_opae_card("0000:5e:00.0", numa_node=0)
+    node.add_dfl_card("0000:3b:00.0", ports=2, numa_node=0)
+    node.add_opae_card("0000:be:00.0", vfs=2, numa_node=1)
+    node.add_dfl_card("0000:d8:00.0", numa_node=1, afu_id=OTHER_AFU_ID)
+    return node
+
+
+def build_f1_16xlarge(root: Path) -> FakeNode:
+    """Eight F1 slots (0-3 on NUMA 0, 4-7 on NUMA 1) among Amazon's network and disk functions."""
+    node = FakeNode(root)
+    node.add_function("0000:00:03.0", AMAZON_VENDOR, "0xec20", 0, pci_class="0x020000")
+    node.add_function("0000:00:04.0", AMAZON_VENDOR, "0x8061", 0, pci_class="0x010802")
+    for index, bdf in enumerate(F1_16XLARGE_SLOTS):
+        node.add_slot(bdf, numa_node=0 if index < 4 else 1)
+    return node
+
+
+def build_broken_node(root: Path) -> FakeNode:
+    """One healthy port and every kind of trouble discovery must survive.
+
+    Served, Unhealthy: ``0000:3b:00.0`` (AFU ID all f), ``0000:5e:00.0`` (port error 0x4),
+    ``0000:86:00.0`` (device node missing), ``0000:af:00.0`` (garbage AFU ID).
+    Served, healthy, NUMA unknown: ``0000:d8:00.0`` (garbage ``numa_node``).
+    Skipped with a warning: a card whose parents are not PCI functions, a dangling class
+    link, a class link that loops, a port with a malformed name.
+    """
+    node = FakeNode(root)
+    node.add_dfl_card("0000:3b:00.0", afu_id=CRASHED_AFU_ID)
+    [errored] = node.add_opae_card("0000:5e:00.0")
+    node.set_port_error(errored, 0x4)
+    [nodeless] = node.add_dfl_card("0000:86:00.0", numa_node=1)
+    node.delete_device_node(nodeless)
+    node.add_opae_card("0000:af:00.0", afu_id="not-an-afu-id", numa_node=1)
+    node.add_dfl_card("0000:d8:00.0", numa_node=1)
+    _write(node.function_path("0000:d8:00.0") / "numa_node", "banana")
+    node.add_dfl_card("0000:12:00.0")
+    orphan = node.sysfs_root / "devices" / "platform" / "fpga-sim" / "fpga" / "intel-fpga-dev.90"
+    _write(orphan / "intel-fpga-port.90" / "afu_id", DEFAULT_AFU_ID)
+    _write(orphan / "intel-fpga-port.90" / "dev", "240:90")
+    _link(node.sysfs_root / "class" / "fpga" / "intel-fpga-dev.90", orphan)
+    _link(node.sysfs_root / "class" / "fpga" / "intel-fpga-dev.91",
+          node.sysfs_root / "devices" / "gone")
+    loop = node.sysfs_root / "class" / "fpga_region" / "region90"
+    os.symlink("region91", loop)
+    os.symlink("region90", loop.parent / "region91")
+    _write(node.cards["0000:12:00.0"].path / "dfl-port.x" / "afu_id", DEFAULT_AFU_ID)
+    return node
+
+
+def build_ports(root: Path, count: int, driver: str = "dfl") -> FakeNode:
+    """``count`` single-port cards (for benchmarks), spread over NUMA nodes 0 and 1."""
+    node = FakeNode(root)
+    add = node.add_dfl_card if driver == "dfl" else node.add_opae_card
+    for index in range(count):
+        add(f"0000:{0x10 + index // 32:02x}:{index % 32:02x}.0", numa_node=index % 2)
+    return node
+
+
+def _address(bdf: str) -> PciAddress:
+    address = parse_bdf(bdf)
+    if address is None:
+        raise ValueError(f"{bdf!r} is not a PCI address")
+    return address
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text + "\n" if text else "")
+
+
+def _link(link: Path, target: Path) -> None:
+    """A relative symlink, as sysfs and udev make them, so a tree can be moved or copied."""
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    os.symlink(os.path.relpath(target, link.parent), link)

@@ -1,0 +1,26 @@
+"""AFU and interface IDs in one spelling, so equal IDs compare equal whatever the driver printed.
+
+Drivers print these 128-bit IDs as 32 hex digits, tools and users as UUIDs with dashes,
+sometimes in upper case. Resources in ``afu`` mode are keyed on the AFU ID, so two
+spellings of one ID must never become two resources.
+"""
+
+from __future__ import annotations
+
+import re
+
+_HEX = re.compile(r"^[0-9a-f]{1,64}$")
+
+
+def normalise_hex_id(text: str) -> str | None:
+    """Lowercase hex digits without ``0x`` or dashes; None if ``text`` is not such an ID."""
+    value = text.strip().lower()
+    if value.startswith("0x"):
+        value = value[2:]
+    value = value.replace("-", "")
+    return value if _HEX.match(value) else None
+
+
+def is_all_f(hex_id: str) -> bool:
+    """True for the all-ones AFU ID the port reports after the firmware crashed."""
+    return set(hex_id) == {"f"}
