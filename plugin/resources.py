@@ -1,66 +1,100 @@
-"""Which resource name each device is advertised under, and on which socket.
+"""Which extended resource each device is advertised under, and the socket each resource uses.
 
-``single`` (the default, b<>com compatible): every device under one name. ``afu``: one
-resource per AFU ID, so a pod can ask for the accelerator function it needs rather than for
-any FPGA; a port reprogrammed with another AFU moves to another resource on the next scan.
+``single`` mode keeps the b<>com contract: every device under one resource name and one
+socket, so existing pod specs keep working. ``afu`` mode gives each loaded accelerator
+function (AFU) its own resource, so a pod asks for the function it needs
+(``<prefix>/afu-<afu id>``) and the scheduler only places it where that function is loaded.
+Reprogramming a port moves it from one resource to another on the next scan.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 
-from plugin.model import DeviceSet
+from plugin.model import Device, DeviceSet
 from plugin.resource_names import resource_name_problem
 
 log = logging.getLogger(__name__)
 
-AFU_ATTRIBUTE = "afu_id"
-_NOT_NAME_CHARS = re.compile(r"[^a-z0-9]+")
-
-
-def afu_resource_name(prefix: str, afu_id: str) -> str:
-    """``<prefix>/afu-<AFU ID in lowercase hex>``, valid as an extended resource name.
-
-    AFU IDs are 128-bit values, written with or without dashes; both spellings map to the
-    same 32 hex digits, so the name does not depend on how a driver prints the ID.
-    """
-    compact = _NOT_NAME_CHARS.sub("", afu_id.lower())
-    name = f"{prefix}/afu-{compact[:59]}"
-    problem = resource_name_problem(name)
-    if problem:
-        raise ValueError(problem)
-    return name
+MODES = ("single", "afu")
+AFU_PREFIX = "afu-"
+MAX_SHORT_NAME = 63
+_NOT_NAME = re.compile(r"[^a-z0-9]")
+SOCKET_SUFFIX = ".sock"
 
 
 def group_by_resource(
     devices: DeviceSet, mode: str, resource_name: str, prefix: str
 ) -> dict[str, DeviceSet]:
-    """Split a node snapshot into per-resource snapshots (see the module docstring)."""
+    """Split a node snapshot into one snapshot per resource name, sorted by name.
+
+    ``single``: exactly ``{resource_name: devices}``, even when empty (the resource stays
+    registered with zero devices). ``afu``: one entry per AFU ID present; a device without a
+    usable AFU ID (none read, or the all-``f`` ID of a crashed port) is in no resource.
+    Never raises on device data: a device whose resource name would be invalid (a bad
+    ``prefix``, see :func:`prefix_problem`) is left out with a warning. Raises ValueError
+    only for an unknown mode, a programming mistake.
+    """
     if mode == "single":
         return {resource_name: devices}
     if mode != "afu":
-        raise ValueError(f"unknown resource mode {mode!r}")
-    groups: dict[str, list] = {}
+        raise ValueError(f"unknown resource mode {mode!r}; choose one of {', '.join(MODES)}")
+    groups: dict[str, list[Device]] = {}
     for device in devices:
-        afu_id = device.attribute(AFU_ATTRIBUTE)
-        if not afu_id:
-            log.debug("device %s has no AFU ID; not advertised in afu mode", device.id)
+        afu_id = device.attribute("afu_id")
+        if not afu_id or set(afu_id.lower()) == {"f"}:
+            log.debug("device %s has no usable AFU ID (%r); not in any afu resource",
+                      device.id, afu_id)
             continue
         try:
             name = afu_resource_name(prefix, afu_id)
         except ValueError as exc:
-            log.warning("device %s: cannot name a resource after AFU ID %r: %s",
-                        device.id, afu_id, exc)
+            log.warning("device %s (AFU ID %s) is in no resource: %s", device.id, afu_id, exc)
             continue
         groups.setdefault(name, []).append(device)
-    return {name: DeviceSet.of(members) for name, members in sorted(groups.items())}
+    return {name: DeviceSet.of(groups[name]) for name in sorted(groups)}
+
+
+def afu_resource_name(prefix: str, afu_id: str) -> str:
+    """``<prefix>/afu-<afu id>``, lowercase, only letters and digits in the ID part.
+
+    An ID too long to fit the 63-character name limit is replaced by a digest of it, so
+    the name stays valid and still differs from every other AFU's.
+    """
+    domain = prefix.strip().rstrip("/")
+    cleaned = _NOT_NAME.sub("", afu_id.lower())
+    if not cleaned or len(AFU_PREFIX) + len(cleaned) > MAX_SHORT_NAME:
+        cleaned = "h" + hashlib.sha256(afu_id.encode()).hexdigest()[:40]
+    name = f"{domain}/{AFU_PREFIX}{cleaned}"
+    problem = resource_name_problem(name)
+    if problem:
+        raise ValueError(f"--resource-prefix {prefix!r} gives invalid resource names: {problem}")
+    return name
+
+
+def prefix_problem(prefix: str) -> str | None:
+    """Why ``prefix`` cannot start afu-mode resource names, or None; for start-up checks."""
+    try:
+        afu_resource_name(prefix, "0")
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def socket_name_for(resource_name: str, base_socket: str, mode: str) -> str:
-    """The socket file of ``resource_name``: the base name in single mode, one per AFU else."""
+    """The socket file of one resource in the device-plugin directory.
+
+    ``single``: ``base_socket`` itself (b<>com compatible). ``afu``: the base name with the
+    resource's short name inserted, ``accelerator.sock`` -> ``accelerator-afu-<id>.sock``,
+    distinct for every resource of one prefix and never ``kubelet.sock``.
+    """
     if mode == "single":
         return base_socket
-    stem = base_socket.removesuffix(".sock")
-    short = resource_name.split("/", 1)[1]
-    return f"{stem}-{short}.sock"
+    if mode != "afu":
+        raise ValueError(f"unknown resource mode {mode!r}; choose one of {', '.join(MODES)}")
+    stem = base_socket.removesuffix(SOCKET_SUFFIX) or "accelerator"
+    short = resource_name.rsplit("/", 1)[-1]
+    short = re.sub(r"[^A-Za-z0-9_.-]", "-", short) or "resource"
+    return f"{stem}-{short}{SOCKET_SUFFIX}"
