@@ -1,0 +1,144 @@
+"""The serving daemon in-process against emulated kubelets: resources, liveness, the demo."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from compat_tests.kubelet import KubeletEmulator
+from plugin.backends import make_backend
+from plugin.backends.fake_sysfs import DEFAULT_AFU_ID, OTHER_AFU_ID, FakeNode, build_intel_node
+from plugin.config import RetrySettings, Settings
+from plugin.daemon import Daemon, heartbeat_fresh
+from plugin.resources import afu_resource_name
+from plugin.server import Timing
+
+FAST_TIMING = Timing(round_backoff_initial=0.1, round_backoff_max=0.5)
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="dpd", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def settings_for(root: Path, node: FakeNode, **changes: object) -> Settings:
+    base = Settings(
+        device_plugin_dir=root / "dp", backend="intel", sysfs_root=node.sysfs_root,
+        dev_root=node.dev_root, rescan_interval=0.2, kubelet_check_interval=0.5,
+        retry=RetrySettings(attempts=3, max_backoff=0.1, register_timeout=5.0),
+    )
+    return replace(base, **changes)
+
+
+@pytest.fixture
+async def running(root: Path) -> AsyncIterator[tuple[FakeNode, KubeletEmulator, list]]:
+    """A fake Intel node, a 1.26 kubelet, and a way to start daemons stopped at teardown."""
+    node = build_intel_node(root / "node")
+    kubelet = KubeletEmulator(root / "dp", "1.26")
+    await kubelet.start()
+    started: list[tuple[Daemon, asyncio.Task[int]]] = []
+    yield node, kubelet, started
+    for daemon, task in started:
+        daemon.stop()
+        assert await asyncio.wait_for(task, 10) == 0
+    await kubelet.stop()
+
+
+def start(started: list, settings: Settings, node: FakeNode) -> Daemon:
+    daemon = Daemon(settings, make_backend(settings.backend, node.config()), timing=FAST_TIMING)
+    started.append((daemon, asyncio.create_task(daemon.run())))
+    return daemon
+
+
+async def test_afu_mode_gives_each_afu_its_own_registered_resource(root, running) -> None:
+    node, kubelet, started = running
+    start(started, settings_for(root, node, resource_mode="afu"), node)
+    default = afu_resource_name("b-com.com", DEFAULT_AFU_ID)
+    other = afu_resource_name("b-com.com", OTHER_AFU_ID)
+    await kubelet.wait_for_devices(default, timeout=10)
+    await kubelet.wait_for_devices(other, timeout=10)
+    assert set(kubelet.devices(other)) == {"0000:d8:00.0"}
+    assert len(kubelet.devices(default)) == 5
+    sockets = {r.endpoint for r in kubelet.registrations}
+    assert len(sockets) == 2, "each resource registers on a socket of its own"
+
+    # Reprogramming the only port of the other AFU moves it; that resource is withdrawn.
+    [port] = [n for n, p in node.ports.items() if p.bdf == "0000:d8:00.0"]
+    node.set_afu_id(port, DEFAULT_AFU_ID)
+    await kubelet.wait_for_devices(default, lambda d: len(d) == 6, timeout=10)
+    withdrawn = kubelet.endpoint_socket(other)
+    deadline = time.monotonic() + 10
+    while withdrawn is not None and withdrawn.exists() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert withdrawn is None or not withdrawn.exists()
+
+
+async def test_zero_devices_still_registers_and_devices_appear_later(root, running) -> None:
+    _node, kubelet, started = running
+    empty = FakeNode(root / "empty")
+    daemon = start(started, settings_for(root, empty), empty)
+    await kubelet.wait_for_registrations(1, timeout=10)
+    assert kubelet.devices("b-com.com/accelerator") == {}
+    empty.add_dfl_card("0000:3b:00.0", numa_node=1)
+    devices = await kubelet.wait_for_devices("b-com.com/accelerator", timeout=10)
+    assert list(devices) == ["0000:3b:00.0"]
+    assert devices["0000:3b:00.0"].numa_nodes == (1,)
+    assert daemon.resources["b-com.com/accelerator"].server.registrations == 1
+
+
+async def test_heartbeat_is_written_after_self_checks(root, running) -> None:
+    node, kubelet, started = running
+    heartbeat = root / "run" / "heartbeat"
+    start(started, settings_for(root, node, heartbeat_file=heartbeat, heartbeat_interval=0.1),
+          node)
+    await kubelet.wait_for_registrations(1, timeout=10)
+    deadline = time.monotonic() + 10
+    while not heartbeat.exists() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert heartbeat_fresh(heartbeat, 30)[0]
+    old = time.time() - 120
+    os.utime(heartbeat, (old, old))
+    fresh, reason = heartbeat_fresh(heartbeat, 60)
+    assert not fresh and "old" in reason
+
+
+def test_healthcheck_command_reports_fresh_stale_and_missing(root: Path) -> None:
+    heartbeat = root / "heartbeat"
+
+    def check() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "plugin", "healthcheck", "--heartbeat-file", str(heartbeat),
+             "--heartbeat-max-age", "30"], capture_output=True, text=True, timeout=60,
+        )
+
+    assert check().returncode == 1
+    heartbeat.write_text("x")
+    assert check().returncode == 0
+    os.utime(heartbeat, (time.time() - 60, time.time() - 60))
+    stale = check()
+    assert stale.returncode == 1 and "old" in stale.stdout
+
+
+def test_demo_runs_the_whole_story() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "plugin", "demo"], capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "registered b-com.com/accelerator through API generation v1alpha2" in out
+    assert "registered again through v1beta1" in out
+    assert "refused:" in out and "INVALID_ARGUMENT" in out
+    assert "Unhealthy after" in out and "Healthy again after" in out
+    assert "exit code 0; files left in the device-plugin directory: none" in out
