@@ -1,9 +1,9 @@
 """PEP 517 build backend: setuptools, plus descriptor generation from ``protos/``.
 
 Why a wrapper rather than a ``setup.py`` command: editable installs (PEP 660) skip most
-setuptools commands, and the generated descriptors must exist for normal and editable
-installs alike. Generation runs before every wheel, editable or sdist build, so a fresh
-clone never depends on generated files being committed.
+setuptools commands, and setuptools already checks that ``api_versions/_generated`` exists
+in its metadata hooks. Generation therefore runs first in every hook that builds or
+inspects the package, so a fresh clone never depends on generated files being committed.
 """
 
 from __future__ import annotations
@@ -11,17 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from setuptools import build_meta as _setuptools
-from setuptools.build_meta import (  # noqa: F401  (re-exported hooks)
-    get_requires_for_build_editable,
-    get_requires_for_build_sdist,
-    get_requires_for_build_wheel,
-    prepare_metadata_for_build_editable,
-    prepare_metadata_for_build_wheel,
-)
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTOS = ROOT / "protos"
 OUT = ROOT / "api_versions" / "_generated"
+
+ConfigSettings = dict[str, str | list[str]] | None
 
 
 def generate_descriptors() -> list[Path]:
@@ -37,8 +32,7 @@ def generate_descriptors() -> list[Path]:
     (OUT / "__init__.py").write_text('"""Generated at build time from protos/; never edit."""\n')
     written = []
     for proto in sorted(PROTOS.glob("*/api.proto")):
-        generation = proto.parent.name
-        target = OUT / f"{generation}.binpb"
+        target = OUT / f"{proto.parent.name}.binpb"
         args = [
             "protoc",
             f"--proto_path={PROTOS}",
@@ -53,17 +47,54 @@ def generate_descriptors() -> list[Path]:
     return written
 
 
-def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):  # type: ignore[no-untyped-def]
+def get_requires_for_build_wheel(config_settings: ConfigSettings = None) -> list[str]:
+    generate_descriptors()
+    return _setuptools.get_requires_for_build_wheel(config_settings)
+
+
+def get_requires_for_build_editable(config_settings: ConfigSettings = None) -> list[str]:
+    generate_descriptors()
+    return _setuptools.get_requires_for_build_editable(config_settings)
+
+
+def get_requires_for_build_sdist(config_settings: ConfigSettings = None) -> list[str]:
+    return _setuptools.get_requires_for_build_sdist(config_settings)
+
+
+def prepare_metadata_for_build_wheel(
+    metadata_directory: str, config_settings: ConfigSettings = None
+) -> str:
+    generate_descriptors()
+    return _setuptools.prepare_metadata_for_build_wheel(metadata_directory, config_settings)
+
+
+def prepare_metadata_for_build_editable(
+    metadata_directory: str, config_settings: ConfigSettings = None
+) -> str:
+    generate_descriptors()
+    return _setuptools.prepare_metadata_for_build_editable(metadata_directory, config_settings)
+
+
+def build_wheel(
+    wheel_directory: str,
+    config_settings: ConfigSettings = None,
+    metadata_directory: str | None = None,
+) -> str:
     generate_descriptors()
     return _setuptools.build_wheel(wheel_directory, config_settings, metadata_directory)
 
 
-def build_editable(wheel_directory, config_settings=None, metadata_directory=None):  # type: ignore[no-untyped-def]
+def build_editable(
+    wheel_directory: str,
+    config_settings: ConfigSettings = None,
+    metadata_directory: str | None = None,
+) -> str:
     generate_descriptors()
     return _setuptools.build_editable(wheel_directory, config_settings, metadata_directory)
 
 
-def build_sdist(sdist_directory, config_settings=None):  # type: ignore[no-untyped-def]
+def build_sdist(sdist_directory: str, config_settings: ConfigSettings = None) -> str:
+    generate_descriptors()
     return _setuptools.build_sdist(sdist_directory, config_settings)
 
 
