@@ -42,6 +42,7 @@ KUBELET_SOCKET = "kubelet.sock"
 CHECKPOINT = "kubelet_internal_checkpoint"
 DIAL_TIMEOUT = 10.0
 MAX_UNIX_PATH = 107
+POLL_INTERVAL = 0.1
 # Starting wipes the directory; a typo must not empty one of these.
 _SHARED_DIRECTORIES = frozenset({"/", "/tmp", "/var/tmp", "/dev/shm", "/var", "/var/lib", "/root",
                                  "/home", str(Path.home())})
@@ -91,7 +92,7 @@ class KubeletEmulator:
         self.removed_at_start: list[str] = []
         self._service = RegistrationService(
             self.model, self.wire, self._accept, self._refuse,
-            accept_no_version=accept_no_version, hang=hang_register,
+            accept_no_version=accept_no_version, hang=hang_register, on_call=self._notify,
         )
         self._endpoints: dict[str, PluginEndpoint] = {}
         self._devices: dict[str, dict[str, EmulatedDevice]] = {}
@@ -110,6 +111,11 @@ class KubeletEmulator:
     @property
     def socket_path(self) -> Path:
         return self.directory / KUBELET_SOCKET
+
+    @property
+    def register_calls(self) -> int:
+        """Register calls received, answered or not (a hanging kubelet answers none)."""
+        return self._service.calls
 
     @property
     def running(self) -> bool:
@@ -298,8 +304,10 @@ class KubeletEmulator:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise TimeoutError(f"kubelet {self.model.name}: no {what} within {timeout} s")
+            # Woken by every change the kubelet sees; the short cap also notices outside
+            # state a caller's condition may read (a fake plugin's counters, say).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), remaining)
+                await asyncio.wait_for(self._changed.wait(), min(remaining, POLL_INTERVAL))
 
     async def wait_for_registrations(self, count: int = 1, timeout: float = 5.0) -> None:
         await self.wait_until(

@@ -61,6 +61,7 @@ class RegistrationService:
         *,
         accept_no_version: bool = False,
         hang: bool = False,
+        on_call: Callable[[], None] = lambda: None,
     ) -> None:
         self.model = model
         self.wire = wire
@@ -68,6 +69,8 @@ class RegistrationService:
         self._refuse = refuse
         self.supported_versions = () if accept_no_version else model.table.supported_versions
         self._hang = hang
+        self.calls = 0
+        self._on_call = on_call
 
     def check(self, fields: translate.RegisterFields) -> str | None:
         """The kubelet's refusal message for ``fields``, or None if it passes the checks."""
@@ -78,6 +81,8 @@ class RegistrationService:
         return None
 
     async def register(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        self.calls += 1
+        self._on_call()
         fields = translate.register_fields(self.model, request)
         log.info(
             "kubelet %s: Register %s version=%r endpoint=%r",
