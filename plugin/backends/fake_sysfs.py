@@ -48,6 +48,7 @@ class FakeCard:
     driver: str
     bdf: str
     path: Path
+    class_link: Path
     ports: list[str] = field(default_factory=list)
 
 
@@ -144,7 +145,7 @@ class FakeNode:
             if interface_id is not None:
                 fme = path / self._take("intel-fpga-fme", "intel-fpga-fme.{}")
                 _write(fme / "pr" / "interface_id", interface_id)
-            _link(self.sysfs_root / "class" / "fpga" / name, path)
+            class_link = self.sysfs_root / "class" / "fpga" / name
         else:
             name = self._take("region", "region{}")
             path = function / "fpga_region" / name
@@ -157,9 +158,10 @@ class FakeNode:
                 _write(pr / "compat_id", interface_id)
                 _link(pr / "device", fme_region)
                 _link(self.sysfs_root / "class" / "fpga_region" / pr_name, pr)
-            _link(self.sysfs_root / "class" / "fpga_region" / name, path)
+            class_link = self.sysfs_root / "class" / "fpga_region" / name
+        _link(class_link, path)
         _link(path / "device", function)
-        card = FakeCard(driver, bdf, path)
+        card = FakeCard(driver, bdf, path, class_link)
         self.cards[bdf] = card
         return card
 
@@ -194,6 +196,11 @@ class FakeNode:
 
     def port_path(self, name: str) -> Path:
         return self.ports[name].path
+
+    def port_class_path(self, name: str) -> Path:
+        """The port as reached from ``class/``, the spelling discovery's messages use."""
+        port = self.ports[name]
+        return self.cards[port.bdf].class_link / name
 
     def set_afu_id(self, name: str, afu_id: str) -> None:
         _write(self.ports[name].path / "afu_id", afu_id)

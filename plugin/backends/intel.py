@@ -213,10 +213,10 @@ class IntelBackend:
             attributes["device"] = function.device
         if interface_id:
             attributes["interface_id"] = interface_id
-        afu_id = _afu_id(port, reasons, warnings)
+        afu_id = _afu_id(device_id, port, reasons, warnings)
         if afu_id:
             attributes["afu_id"] = afu_id
-        _check_errors(port, reasons, warnings)
+        _check_errors(device_id, port, reasons, warnings)
         lookup = resolve_node(self.dev_root, read_attr(port.path / "dev"), port.name)
         if lookup.warning:
             warnings.append(lookup.warning)
@@ -244,21 +244,21 @@ def port_number(port: Port, warnings: list[str]) -> int:
     return port.instance
 
 
-def _afu_id(port: Port, reasons: list[str], warnings: list[str]) -> str | None:
+def _afu_id(device_id: str, port: Port, reasons: list[str], warnings: list[str]) -> str | None:
     attr = read_attr(port.path / "afu_id")
     value = normalise_hex_id(attr.text) if attr.text is not None else None
     if value is None:
         problem = attr.describe() if attr.text is None else (
             f"{attr.path}: {attr.text[:40]!r} is not a hex AFU ID")
         reasons.append(f"AFU ID unreadable: {problem}")
-        warnings.append(f"{port.name}: AFU ID unreadable: {problem}")
+        warnings.append(f"{device_id} ({port.name}): AFU ID unreadable: {problem}")
         return None
     if is_all_f(value):
         reasons.append(AFU_CRASHED)
     return value
 
 
-def _check_errors(port: Port, reasons: list[str], warnings: list[str]) -> None:
+def _check_errors(device_id: str, port: Port, reasons: list[str], warnings: list[str]) -> None:
     """A non-zero port error register makes the port Unhealthy; no register, no check."""
     attr = read_attr(port.path / "errors" / "errors")
     if attr.missing:
@@ -268,7 +268,7 @@ def _check_errors(port: Port, reasons: list[str], warnings: list[str]) -> None:
         problem = attr.describe() if attr.text is None else (
             f"{attr.path}: {attr.text[:40]!r} is not a register value")
         reasons.append(f"port error register unreadable: {problem}")
-        warnings.append(f"{port.name}: port error register unreadable: {problem}")
+        warnings.append(f"{device_id} ({port.name}): port error register unreadable: {problem}")
     elif value != 0:
         reasons.append(f"port error register {attr.path} reads {value:#x}")
 
