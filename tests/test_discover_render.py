@@ -1,0 +1,56 @@
+"""What ``discover`` prints for a node, as an operator reads it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from plugin.backends.fake_sysfs import CRASHED_AFU_ID, DEFAULT_AFU_ID, build_intel_node
+from plugin.backends.intel import IntelBackend
+from plugin.backends.units import UnitsBackend
+from plugin.discover import render_json, render_table
+
+
+def test_table_shows_every_column_for_every_port(tmp_path: Path) -> None:
+    node = build_intel_node(tmp_path)
+    node.set_afu_id("dfl-port.2", CRASHED_AFU_ID)
+    devices = IntelBackend(node.config()).scan()
+    lines = render_table(devices).splitlines()
+    assert lines[0].split() == ["ID", "BACKEND", "DRIVER", "NODE", "NUMA", "AFU", "ID",
+                                "HEALTH", "WHY"]
+    assert len(lines) == 1 + len(devices)
+    first = lines[1].split()
+    assert first[:7] == ["0000:3b:00.0", "intel", "dfl", "/dev/dfl-port.0", "0", DEFAULT_AFU_ID,
+                         "Healthy"]
+    crashed = next(line for line in lines if line.startswith("0000:d8:00.0"))
+    assert "Unhealthy" in crashed and crashed.endswith("AFU ID is all f: firmware crashed")
+    assert len({line.index("HEALTH") for line in lines[:1]}) == 1
+    assert all(line[lines[0].index("HEALTH"):].split()[0] in ("HEALTH", "Healthy", "Unhealthy")
+               for line in lines)
+
+
+def test_table_says_when_there_is_nothing() -> None:
+    assert render_table([]).splitlines()[-1] == "(no accelerators found)"
+
+
+def test_units_show_dashes_where_there_is_no_fact() -> None:
+    line = render_table(UnitsBackend(1).scan()).splitlines()[1].split()
+    assert line == ["0", "units", "-", "-", "-", "-", "Healthy", "-"]
+
+
+def test_json_keeps_every_fact(tmp_path: Path) -> None:
+    node = build_intel_node(tmp_path)
+    node.delete_device_node("intel-fpga-port.0")
+    records = json.loads(render_json(IntelBackend(node.config()).scan()))
+    by_id = {r["id"]: r for r in records}
+    assert len(records) == 6
+    healthy = by_id["0000:d8:00.0"]
+    assert healthy["driver"] == "dfl" and healthy["numa_node"] == 1
+    assert healthy["nodes"] == [{"host_path": "/dev/dfl-port.2",
+                                 "container_path": "/dev/dfl-port.2", "permissions": "rw"}]
+    assert healthy["health"] == "Healthy" and healthy["health_reason"] is None
+    assert healthy["attributes"]["interface_id"]
+    broken = by_id["0000:5e:00.0"]
+    assert broken["health"] == "Unhealthy" and "intel-fpga-port.0" in broken["health_reason"]
+    assert broken["nodes"] == []
+    assert json.loads(render_json([])) == []
