@@ -1,0 +1,139 @@
+"""Kubernetes JSON schemas of many versions, from the ``kubernetes-validate`` package.
+
+One release of that package ships the schemas of about a dozen Kubernetes versions: the
+installed one (a test dependency) covers 1.25 and later; the schemas of 1.11 to 1.24 come from
+its 1.24.1 release, fetched once with ``pip download`` (the same registry every install uses)
+and cached, because two releases of one package cannot be installed side by side. Every check
+uses the ``-strict`` schemas, which reject unknown fields the way a recent API server with
+field validation does (and the way an old one silently drops them).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT4
+
+OLD_RELEASE = "1.24.1"
+OLD_VERSIONS = [f"1.{minor}" for minor in range(11, 25)]
+KINDS = ("daemonset-apps-v1", "pod-v1", "serviceaccount-v1")
+
+
+def installed_versions() -> list[str]:
+    """The minor versions the installed package ships, e.g. ``["1.25", ..., "1.37"]``."""
+    root = Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema"
+    pattern = re.compile(r"^v(\d+\.\d+)\.0-local-strict$")
+    found = {m[1] for p in root.iterdir() if (m := pattern.match(p.name))}
+    return sorted(found, key=lambda v: tuple(int(x) for x in v.split(".")))
+
+
+def installed_dir(version: str) -> Path:
+    root = Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema"
+    return root / f"v{version}.0-local-strict"
+
+
+def cache_root() -> Path:
+    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return base / "k8s-accelerator-devplugin" / f"kubernetes-validate-{OLD_RELEASE}"
+
+
+def fetch_old_schemas() -> Path:
+    """Schemas of 1.11..1.24 (strict), unpacked once under the user's cache directory."""
+    root = cache_root()
+    marker = root / ".complete"
+    if marker.exists():
+        return root
+    with tempfile.TemporaryDirectory() as download:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--dest", download,
+             f"kubernetes-validate=={OLD_RELEASE}"],
+            check=True, capture_output=True, text=True, timeout=180,
+        )
+        (archive,) = Path(download).glob("kubernetes*validate-*")
+        for name, read in _members(archive):
+            parts = Path(name).parts
+            if "kubernetes-json-schema" not in parts:
+                continue
+            rest = parts[parts.index("kubernetes-json-schema") + 1:]
+            if len(rest) != 2 or rest[0] not in {f"v{v}.0-local-strict" for v in OLD_VERSIONS}:
+                continue
+            if rest[1] != "_definitions.json" and rest[1].removesuffix(".json") not in KINDS:
+                continue
+            target = root / rest[0] / rest[1]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(read())
+    marker.write_text(OLD_RELEASE + "\n")
+    return root
+
+
+def _members(archive: Path) -> list[tuple[str, Callable[[], bytes]]]:
+    """(name, reader) of every file in an sdist (tar.gz) or a wheel (zip)."""
+    if archive.suffix == ".whl":
+        with zipfile.ZipFile(archive) as wheel:
+            return [(n, functools.partial(wheel.read, n)) for n in wheel.namelist()]
+    contents = []
+    with tarfile.open(archive) as tar:
+        for member in tar.getmembers():
+            if member.isfile():
+                source = tar.extractfile(member)
+                assert source is not None
+                contents.append((member.name, functools.partial(lambda b: b, source.read())))
+    return contents
+
+
+@dataclass(frozen=True)
+class SchemaSet:
+    version: str
+    directory: Path
+
+    @property
+    def old_format(self) -> bool:
+        return not (self.directory / "_definitions.json").read_text()[:200].count("$defs")
+
+
+def schema_file_name(obj: dict[str, Any]) -> str:
+    group_version = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", obj["apiVersion"])
+    return f"{obj['kind'].lower()}-{group_version}.json"
+
+
+@cache
+def _load(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+def validate(obj: dict[str, Any], schemas: SchemaSet) -> list[str]:
+    """Every schema violation of ``obj`` (an empty list when it is valid)."""
+    schema_path = schemas.directory / schema_file_name(obj)
+    if not schema_path.exists():
+        return [f"no schema {schema_path.name} in Kubernetes {schemas.version}"]
+    schema = _load(schema_path)
+    definitions = _load(schemas.directory / "_definitions.json")
+    if schemas.old_format:
+        registry: Registry = Registry().with_resource(
+            "_definitions.json", Resource.from_contents(definitions, default_specification=DRAFT4)
+        )
+        validator: Any = jsonschema.Draft4Validator(schema, registry=registry)
+    else:
+        registry = Resource.from_contents(schema) @ Registry()
+        registry = Resource.from_contents(definitions) @ registry
+        validator = jsonschema.Draft202012Validator(schema, registry=registry)
+    return [
+        f"{'/'.join(str(p) for p in error.absolute_path) or '<root>'}: {error.message[:300]}"
+        for error in validator.iter_errors(obj)
+    ]

@@ -1,0 +1,294 @@
+"""The manifests under deploy/: they render, they validate, and they are hardened."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import pytest
+from conftest import KUSTOMIZATIONS, REPO, load_yaml_file, minor
+from k8s_schemas import SchemaSet, validate
+
+from plugin import config
+
+FPGA_LABEL = "accelerators.b-com.com/fpga"
+PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+# hostPath sources the plugin may see, and whether it may write there.
+ALLOWED_HOST_PATHS = {
+    PLUGIN_DIR: True,
+    "/sys/class": False,
+    "/sys/bus": False,
+    "/sys/devices": False,
+    "/dev": False,
+}
+
+
+def daemonset(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    (found,) = [o for o in objects if o["kind"] == "DaemonSet"]
+    return found
+
+
+def pod_spec(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    return daemonset(objects)["spec"]["template"]["spec"]
+
+
+def container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    (only,) = pod_spec(objects)["containers"]
+    return only
+
+
+def env(objects: list[dict[str, Any]]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container(objects)["env"]}
+
+
+ALL = sorted(KUSTOMIZATIONS)
+
+
+# --- (a) every kustomization renders to the objects we expect ------------------------------
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_kustomization_renders_one_daemonset_in_kube_system(rendered, name):
+    objects = rendered[name]
+    assert [o["kind"] for o in objects] == ["DaemonSet"], (
+        "no ServiceAccount, RBAC or anything else: the plugin never calls the API server"
+    )
+    ds = daemonset(objects)
+    assert ds["apiVersion"] == "apps/v1"
+    assert ds["metadata"]["namespace"] == "kube-system"
+    selector = ds["spec"]["selector"]["matchLabels"]
+    labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert selector.items() <= labels.items()
+
+
+def test_single_file_is_the_rendered_base(rendered):
+    single = load_yaml_file(REPO / "deploy" / "accelerator-device-plugin.yml")
+    assert single == rendered["base"], (
+        "deploy/accelerator-device-plugin.yml is stale: regenerate it with "
+        "`kubectl kustomize deploy/base` (keeping its header comment)"
+    )
+
+
+# --- (b) schemas of several Kubernetes versions --------------------------------------------
+
+
+def _check(objects: list[dict[str, Any]], sets: list[SchemaSet], oldest: str) -> dict[str, Any]:
+    checked, problems = [], {}
+    for schemas in sets:
+        if minor(schemas.version) < minor(oldest):
+            continue
+        checked.append(schemas.version)
+        for obj in objects:
+            errors = validate(obj, schemas)
+            if errors:
+                problems[f"{schemas.version} {obj['kind']}"] = errors[:5]
+    return {"checked": checked, "problems": problems}
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_rendered_objects_validate_from_their_oldest_to_the_newest_kubernetes(
+    rendered, schema_sets, name
+):
+    _, oldest = KUSTOMIZATIONS[name]
+    result = _check(rendered[name], schema_sets, oldest)
+    assert result["problems"] == {}
+    newest = installed_versions_newest(schema_sets)
+    assert result["checked"][0] == oldest and result["checked"][-1] == newest
+
+
+def installed_versions_newest(sets: list[SchemaSet]) -> str:
+    return max((s.version for s in sets), key=minor)
+
+
+def test_single_file_and_example_pod_validate(schema_sets):
+    single = _check(load_yaml_file(REPO / "deploy" / "accelerator-device-plugin.yml"),
+                    schema_sets, "1.21")
+    assert single["problems"] == {}
+    pod = _check(load_yaml_file(REPO / "deploy" / "pod-example.yml"), schema_sets, "1.11")
+    assert pod["problems"] == {}
+    assert len(pod["checked"]) >= 20
+
+
+def test_base_is_rejected_by_the_schemas_the_legacy_overlay_exists_for(rendered, schema_sets):
+    """The check can fail: 1.20 has no maxSurge, 1.18 no seccompProfile field."""
+    by_version = {s.version: s for s in schema_sets}
+    ds = daemonset(rendered["base"])
+    assert any("maxSurge" in e for e in validate(ds, by_version["1.20"]))
+    assert any("seccompProfile" in e for e in validate(ds, by_version["1.18"]))
+    assert validate(daemonset(rendered["legacy"]), by_version["1.11"]) == []
+
+
+# --- (c) hardening, read off the rendered YAML ---------------------------------------------
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_pod_has_no_host_namespaces_and_no_service_account_token(rendered, name):
+    spec = pod_spec(rendered[name])
+    for field in ("hostNetwork", "hostPID", "hostIPC"):
+        assert not spec.get(field, False), field
+    assert spec["automountServiceAccountToken"] is False
+    assert "serviceAccountName" not in spec
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_container_security_context(rendered, name):
+    security = container(rendered[name])["securityContext"]
+    assert security["allowPrivilegeEscalation"] is False
+    assert security.get("privileged", False) is False
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    # Root on purpose (the kubelet's directory is root's), and said so explicitly.
+    assert security["runAsUser"] == 0 and security["runAsNonRoot"] is False
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_seccomp_runtime_default(rendered, name):
+    ds = daemonset(rendered[name])
+    spec = pod_spec(rendered[name])
+    field = spec.get("securityContext", {}).get("seccompProfile")
+    annotations = ds["spec"]["template"]["metadata"].get("annotations", {})
+    annotation = annotations.get("seccomp.security.alpha.kubernetes.io/pod")
+    if name == "legacy":
+        assert field is None and annotation == "runtime/default"
+    else:
+        assert field == {"type": "RuntimeDefault"} and annotation is None
+    assert "seccompProfile" not in container(rendered[name])["securityContext"]
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_priority_update_strategy_and_node_selection(rendered, name):
+    ds = daemonset(rendered[name])
+    spec = pod_spec(rendered[name])
+    assert spec["priorityClassName"] == "system-node-critical"
+    strategy = ds["spec"]["updateStrategy"]
+    assert strategy["type"] == "RollingUpdate"
+    assert strategy["rollingUpdate"]["maxUnavailable"] == 1
+    # Never two plugin pods on one node: no surge (absent means 0 before 1.21).
+    assert strategy["rollingUpdate"].get("maxSurge", 0) == 0
+    if name != "legacy":
+        assert "maxSurge" in strategy["rollingUpdate"]
+    assert ds["spec"]["minReadySeconds"] > 0
+    assert spec["nodeSelector"][FPGA_LABEL] == "true"
+    for toleration in spec.get("tolerations", []):
+        assert toleration.get("effect") != "NoExecute", "would keep the pod on dying nodes"
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_mounts_are_read_only_except_the_device_plugin_directory(rendered, name):
+    spec = pod_spec(rendered[name])
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = container(rendered[name])["volumeMounts"]
+    assert {m["name"] for m in mounts} == set(volumes), "every volume mounted, and only once"
+    for mount in mounts:
+        volume = volumes[mount["name"]]
+        if "hostPath" in volume:
+            source = volume["hostPath"]["path"]
+            assert source in ALLOWED_HOST_PATHS, f"unexpected host path {source}"
+            writable = ALLOWED_HOST_PATHS[source]
+            assert mount.get("readOnly", False) is (not writable), mount
+            assert volume["hostPath"]["type"] == "Directory"
+            assert "mountPropagation" not in mount
+        else:
+            # Writable scratch only in memory and only for the heartbeat.
+            assert volume["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Mi"}
+    plugin_dir = [m for m in mounts if volumes[m["name"]].get("hostPath", {}).get("path")
+                  == PLUGIN_DIR]
+    assert [m["mountPath"] for m in plugin_dir] == [PLUGIN_DIR]
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_environment_matches_the_mounts(rendered, name):
+    values = env(rendered[name])
+    mounts = {m["mountPath"] for m in container(rendered[name])["volumeMounts"]}
+    assert values["ACCELERATOR_DP_DEVICE_PLUGIN_DIR"] in mounts
+    heartbeat = PurePosixPath(values["ACCELERATOR_DP_HEARTBEAT_FILE"])
+    assert str(heartbeat.parent) in mounts
+    if values["ACCELERATOR_DP_BACKEND"] == "units":
+        # Reads no hardware: nothing of /sys or /dev is mounted.
+        assert not any(m.startswith("/host/") for m in mounts)
+        assert "ACCELERATOR_DP_SYSFS_ROOT" not in values
+    else:
+        sysfs = values["ACCELERATOR_DP_SYSFS_ROOT"]
+        assert {f"{sysfs}/class", f"{sysfs}/bus", f"{sysfs}/devices"} <= mounts
+        assert values["ACCELERATOR_DP_DEV_ROOT"] in mounts
+
+
+def _flag_variables() -> set[str]:
+    names = set()
+    parser = config.build_parser()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                names |= {config._env(a.option_strings[0]) for a in sub._actions
+                          if a.option_strings and a.option_strings[0].startswith("--")}
+    return names
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_environment_is_understood_by_serve_and_healthcheck(rendered, name, monkeypatch):
+    values = env(rendered[name])
+    unknown = set(values) - _flag_variables()
+    assert not unknown, f"no flag reads {sorted(unknown)}"
+    for key, value in values.items():
+        monkeypatch.setenv(key, value)
+    c = container(rendered[name])
+    assert c["command"] == ["accelerator-device-plugin"] and c["args"] == ["serve"]
+    settings = config.parse(c["args"])
+    assert settings.command == "serve"
+    assert settings.backend == values["ACCELERATOR_DP_BACKEND"]
+    assert settings.device_plugin_dir == Path(PLUGIN_DIR)
+    assert settings.heartbeat_file == Path(values["ACCELERATOR_DP_HEARTBEAT_FILE"])
+    # Same resource, socket and directory as the b<>com plugin.
+    assert settings.resource_name == "b-com.com/accelerator"
+    assert settings.socket_name == "accelerator.sock"
+    for probe in ("livenessProbe", "readinessProbe"):
+        command = c[probe]["exec"]["command"]
+        assert command[0] == "accelerator-device-plugin"
+        health = config.parse(command[1:])
+        assert health.command == "healthcheck"
+        assert health.heartbeat_file == settings.heartbeat_file
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_liveness_outlasts_heartbeat_and_resources_are_bounded(rendered, name):
+    c = container(rendered[name])
+    values = env(rendered[name])
+    max_age = float(values["ACCELERATOR_DP_HEARTBEAT_MAX_AGE"])
+    interval = float(values.get("ACCELERATOR_DP_HEARTBEAT_INTERVAL",
+                                config.Settings().heartbeat_interval))
+    # A few missed self-checks in a row before the heartbeat counts as stale.
+    assert max_age >= 3 * interval
+    liveness = c["livenessProbe"]
+    assert liveness["timeoutSeconds"] >= 5 and liveness["failureThreshold"] >= 2
+    resources = c["resources"]
+    for kind in ("cpu", "memory"):
+        assert kind in resources["requests"] and kind in resources["limits"]
+    assert quantity(resources["requests"]["memory"]) <= quantity(resources["limits"]["memory"])
+    assert quantity(resources["requests"]["cpu"]) <= quantity(resources["limits"]["cpu"])
+
+
+def quantity(text: str) -> float:
+    """Kubernetes quantities as used here: plain, m, Ki, Mi, Gi."""
+    units = {"m": 1e-3, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
+    for suffix, factor in units.items():
+        if text.endswith(suffix):
+            return float(text[: -len(suffix)]) * factor
+    return float(text)
+
+
+def test_overlays_pick_their_backend(rendered):
+    assert env(rendered["base"])["ACCELERATOR_DP_BACKEND"] == "auto"
+    assert env(rendered["intel"])["ACCELERATOR_DP_BACKEND"] == "intel"
+    aws = env(rendered["aws"])
+    assert aws["ACCELERATOR_DP_BACKEND"] == "units"
+    assert aws["ACCELERATOR_DP_ACCEL_NBUNITS"] == "40"  # the b<>com default
+
+
+def test_example_pod_asks_for_one_unit_and_prints_it():
+    (pod,) = load_yaml_file(REPO / "deploy" / "pod-example.yml")
+    assert pod["kind"] == "Pod"
+    (c,) = pod["spec"]["containers"]
+    assert c["resources"]["limits"]["b-com.com/accelerator"] == 1
+    assert "ACCELERATOR_UNITS=$ACCELERATOR_UNITS" in " ".join(c["command"])
+    assert pod["spec"]["restartPolicy"] == "Never"
