@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from plugin.backends.base import BackendConfig
-from plugin.backends.devnodes import NodeLookup, resolve_node
+from plugin.backends.devnodes import NodeLookup, NodeResolver
 from plugin.backends.pci import PciAddress, parse_bdf
 from plugin.backends.pcifn import PciFunction, read_function
 from plugin.backends.sysfs import Notes, is_dir, is_link, list_dir, read_attr
@@ -62,7 +62,8 @@ class AwsF1Backend:
     def scan(self) -> list[Device]:
         warnings = self._notes.start()
         try:
-            devices = [self._device(slot, warnings) for slot in self._slots(warnings)]
+            resolver = NodeResolver(self.dev_root)
+            devices = [self._device(slot, resolver, warnings) for slot in self._slots(warnings)]
         except Exception:
             log.exception("AWS F1 discovery under %s failed; reporting no slots",
                           self.devices_dir)
@@ -117,7 +118,7 @@ class AwsF1Backend:
             slots.append(Slot(number, functions[address], application, app_address))
         return slots
 
-    def _device(self, slot: Slot, warnings: list[str]) -> Device:
+    def _device(self, slot: Slot, resolver: NodeResolver, warnings: list[str]) -> Device:
         attributes = {
             "driver": DRIVER,
             "slot": str(slot.number),
@@ -138,7 +139,7 @@ class AwsF1Backend:
                 attributes["vendor"] = slot.application.vendor
             if slot.application.device:
                 attributes["device"] = slot.application.device
-            lookups = self._driver_nodes(slot.application.path, warnings)
+            lookups = self._driver_nodes(slot.application.path, resolver, warnings)
             nodes = tuple(n.node for n in lookups if n.node is not None)
             reasons += [n.problem for n in lookups if n.node is None]
         return Device(
@@ -151,7 +152,8 @@ class AwsF1Backend:
             attributes=tuple(attributes.items()),
         )
 
-    def _driver_nodes(self, function: Path, warnings: list[str]) -> list[NodeLookup]:
+    def _driver_nodes(self, function: Path, resolver: NodeResolver,
+                      warnings: list[str]) -> list[NodeLookup]:
         """Character devices registered below the function: ``<fn>/<class>/<name>/dev``.
 
         Only real subdirectories are searched; the function's links (``driver``,
@@ -169,7 +171,7 @@ class AwsF1Backend:
                 dev = read_attr(child / "dev")
                 if dev.missing:
                     continue
-                lookup = resolve_node(self.dev_root, dev, name)
+                lookup = resolver.resolve(dev, name)
                 if lookup.warning:
                     warnings.append(lookup.warning)
                 lookups.append(lookup)

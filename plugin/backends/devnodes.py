@@ -18,6 +18,7 @@ the container runtime resolves host paths on the host, where the node lives unde
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -45,40 +46,64 @@ def parse_dev(text: str) -> tuple[int, int] | None:
     return int(match[1]), int(match[2])
 
 
+class NodeResolver:
+    """Resolves nodes under one dev-root; make one per scan (it remembers the root's real path)."""
+
+    def __init__(self, dev_root: Path) -> None:
+        self.dev_root = dev_root
+        self._real_root = real_path(dev_root)
+
+    def resolve(self, dev: Attr, name: str) -> NodeLookup:
+        """Find the node of the character device ``name`` whose ``dev`` attribute is ``dev``."""
+        warning = ""
+        numbers = parse_dev(dev.text) if dev.text is not None else None
+        if dev.text is not None and numbers is None:
+            warning = f"{dev.path}: {dev.text[:40]!r} is not MAJ:MIN; looking for {name} by name"
+        elif not dev.ok and not dev.missing:
+            warning = f"{dev.describe()}; looking for {name} by name"
+        if numbers is not None:
+            relative = self._via_char_link(numbers)
+            if relative is not None:
+                return NodeLookup(_node(relative), warning=warning)
+        by_name = self.dev_root / name
+        if "/" not in name and exists(by_name):
+            return NodeLookup(_node(PurePosixPath(name)), warning=warning)
+        where = f"{by_name}"
+        if numbers is not None:
+            where += f" (and no {self.dev_root / 'char' / f'{numbers[0]}:{numbers[1]}'})"
+        return NodeLookup(None, problem=f"device node {where} missing", warning=warning)
+
+    def _via_char_link(self, numbers: tuple[int, int]) -> PurePosixPath | None:
+        """The node a ``char/MAJ:MIN`` link names, as a path under the dev-root.
+
+        udev writes these links relative (``../intel-fpga-port.0``), so they are resolved
+        by name, which costs one readlink and one stat; an absolute link is resolved in
+        full. Either way the node must exist and lie inside the dev-root.
+        """
+        link = self.dev_root / "char" / f"{numbers[0]}:{numbers[1]}"
+        try:
+            target = os.readlink(link)
+        except (OSError, ValueError):
+            return None
+        if os.path.isabs(target):
+            resolved = real_path(link)
+            if resolved is None or self._real_root is None:
+                return None
+            relative = os.path.relpath(resolved, self._real_root)
+        else:
+            candidate = os.path.normpath(os.path.join(link.parent, target))
+            if not exists(Path(candidate)):
+                return None
+            relative = os.path.relpath(candidate, self.dev_root)
+        parts = PurePosixPath(relative).parts
+        if not parts or parts[0] in ("..", ".", "char"):
+            return None
+        return PurePosixPath(*parts)
+
+
 def resolve_node(dev_root: Path, dev: Attr, name: str) -> NodeLookup:
-    """Find the node of the character device called ``name`` whose ``dev`` attribute is ``dev``."""
-    warning = ""
-    numbers = parse_dev(dev.text) if dev.text is not None else None
-    if dev.text is not None and numbers is None:
-        warning = f"{dev.path}: {dev.text[:40]!r} is not MAJ:MIN; looking for {name} by name"
-    elif not dev.ok and not dev.missing:
-        warning = f"{dev.describe()}; looking for {name} by name"
-    if numbers is not None:
-        relative = _via_char_link(dev_root, numbers)
-        if relative is not None:
-            return NodeLookup(_node(relative), warning=warning)
-    by_name = dev_root / name
-    if "/" not in name and exists(by_name):
-        return NodeLookup(_node(PurePosixPath(name)), warning=warning)
-    where = f"{by_name}"
-    if numbers is not None:
-        where += f" (and no {dev_root / 'char' / f'{numbers[0]}:{numbers[1]}'})"
-    return NodeLookup(None, problem=f"device node {where} missing", warning=warning)
-
-
-def _via_char_link(dev_root: Path, numbers: tuple[int, int]) -> PurePosixPath | None:
-    link = dev_root / "char" / f"{numbers[0]}:{numbers[1]}"
-    target = real_path(link)
-    root = real_path(dev_root)
-    if target is None or root is None:
-        return None
-    try:
-        relative = target.relative_to(root)
-    except ValueError:
-        return None
-    if not relative.parts or relative.parts[0] == "char":
-        return None
-    return PurePosixPath(*relative.parts)
+    """One-off :meth:`NodeResolver.resolve`."""
+    return NodeResolver(dev_root).resolve(dev, name)
 
 
 def _node(relative: PurePosixPath) -> DeviceNode:

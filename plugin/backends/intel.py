@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from plugin.backends.base import BackendConfig
-from plugin.backends.devnodes import resolve_node
+from plugin.backends.devnodes import NodeResolver
 from plugin.backends.hexid import is_all_f, normalise_hex_id
 from plugin.backends.pcifn import PciFunction, owning_function, read_function
 from plugin.backends.sysfs import Notes, is_dir, list_dir, read_attr
@@ -139,6 +139,7 @@ class IntelBackend:
                 numbered = NumberedPort(card, port, port_number(port, warnings))
                 by_function.setdefault(card.function.bdf, []).append(numbered)
         devices: list[Device] = []
+        nodes = NodeResolver(self.dev_root)
         for bdf in sorted(by_function):
             entries = sorted(by_function[bdf], key=lambda e: (e.number, e.port.instance))
             taken: set[str] = set()
@@ -152,7 +153,7 @@ class IntelBackend:
                     continue
                 taken.add(device_id)
                 interface = entry.card.interface_id or _parent_interface(entry.card, interfaces)
-                devices.append(self._device(device_id, entry, interface, warnings))
+                devices.append(self._device(device_id, entry, interface, nodes, warnings))
         return devices
 
     def _cards(self, layout: Layout, warnings: list[str]) -> Iterator[Card]:
@@ -199,7 +200,7 @@ class IntelBackend:
                     tuple(ports))
 
     def _device(self, device_id: str, entry: NumberedPort, interface_id: str | None,
-                warnings: list[str]) -> Device:
+                nodes: NodeResolver, warnings: list[str]) -> Device:
         card, port, function = entry.card, entry.port, entry.card.function
         reasons: list[str] = []
         attributes = {
@@ -217,7 +218,7 @@ class IntelBackend:
         if afu_id:
             attributes["afu_id"] = afu_id
         _check_errors(device_id, port, reasons, warnings)
-        lookup = resolve_node(self.dev_root, read_attr(port.path / "dev"), port.name)
+        lookup = nodes.resolve(read_attr(port.path / "dev"), port.name)
         if lookup.warning:
             warnings.append(lookup.warning)
         if lookup.node is None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from plugin.backends.pci import PciAddress, parse_bdf
-from plugin.backends.sysfs import Attr, link_target_name, read_attr, real_path
+from plugin.backends.sysfs import Attr, exists, link_target_name, read_attr, real_path
 
 MAX_ANCESTORS = 8
 """How far up a class device may sit below its PCI function (OPAE and DFL need 2 to 3)."""
@@ -79,16 +79,16 @@ def numa_node(attr: Attr, warnings: list[str]) -> int | None:
 def owning_function(entry: Path) -> tuple[PciAddress, Path] | None:
     """The PCI function a class device (``class/fpga/intel-fpga-dev.0``, ``regionN``) belongs to.
 
-    The ``device`` link is the kernel's own answer; when it is absent or dangles, the
-    nearest ancestor of the resolved path that is named like a PCI address is used.
+    The ``device`` link is the kernel's own answer (and the function is then read through
+    it, which costs no path resolution); when it is absent or dangles, the nearest ancestor
+    of the resolved path that is named like a PCI address is used.
     """
     link = entry / "device"
     name = link_target_name(link)
     if name is not None:
         address = parse_bdf(name)
-        target = real_path(link)
-        if address is not None and target is not None:
-            return address, target
+        if address is not None and exists(link):
+            return address, link
     resolved = real_path(entry)
     if resolved is None:
         return None

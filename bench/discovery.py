@@ -1,0 +1,104 @@
+"""Discovery cost: one full scan of fake nodes of growing size, and of this host's real /sys.
+
+A scan runs on every hot-plug event and every rescan interval for the life of the node, so
+its cost is what an idle plugin spends. Trees are built on a memory file system when there
+is one, as sysfs itself lives in memory.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from bench.table import Row, median, ms
+from plugin.backends import BackendConfig, make_backend
+from plugin.backends.base import Backend
+from plugin.backends.fake_sysfs import FakeNode, build_f1_16xlarge, build_ports
+from plugin.model import DeviceSet
+from plugin.resources import group_by_resource
+
+FAST_TMP = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+TARGET = "< 100 ms"
+"""A tenth of the 1 s budget from hot-plug to ListAndWatch."""
+
+
+def _median_scan(backend: Backend, runs: int, expected: int) -> float:
+    times = []
+    for _ in range(runs):
+        began = time.perf_counter()
+        devices = backend.scan()
+        times.append(time.perf_counter() - began)
+        if len(devices) != expected:
+            raise RuntimeError(f"{backend.name}: found {len(devices)} devices, expected {expected}")
+    return median(times)
+
+
+def _on_tree(build: Callable[[Path], FakeNode], measure: Callable[[FakeNode], Row]) -> Row:
+    root = Path(tempfile.mkdtemp(prefix="dpdisc", dir=FAST_TMP))
+    try:
+        return measure(build(root))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _ports_row(count: int, driver: str, runs: int) -> Row:
+    def measure(node: FakeNode) -> Row:
+        seconds = _median_scan(make_backend("intel", node.config()), runs, count)
+        return Row(f"discovery, {count} {driver} port{'s' if count > 1 else ''}", ms(seconds),
+                   TARGET, f"median of {runs} full scans")
+
+    return _on_tree(lambda root: build_ports(root, count, driver), measure)
+
+
+def _f1_row(runs: int) -> Row:
+    def measure(node: FakeNode) -> Row:
+        seconds = _median_scan(make_backend("aws", node.config()), runs, 8)
+        return Row("discovery, f1.16xlarge (8 slots)", ms(seconds), TARGET,
+                   f"median of {runs} full scans")
+
+    return _on_tree(build_f1_16xlarge, measure)
+
+
+def _host_row(runs: int) -> Row:
+    backend = make_backend("auto", BackendConfig())
+    found = len(backend.scan())
+    seconds = _median_scan(backend, runs, found)
+    return Row("discovery, auto on this host's /sys", ms(seconds), TARGET,
+               f"median of {runs}; {found} accelerators, "
+               f"{len(os.listdir('/sys/bus/pci/devices'))} PCI functions read")
+
+
+def _grouping_row(runs: int) -> Row:
+    def measure(node: FakeNode) -> Row:
+        devices = DeviceSet.of(make_backend("intel", node.config()).scan())
+        times = []
+        for _ in range(runs):
+            began = time.perf_counter()
+            group_by_resource(devices, "afu", "b-com.com/accelerator", "b-com.com")
+            times.append(time.perf_counter() - began)
+        return Row("afu-mode grouping, 256 ports", ms(median(times)), "< 5 ms",
+                   f"median of {runs}")
+
+    return _on_tree(lambda root: build_ports(root, 256), measure)
+
+
+def run() -> list[Row]:
+    return [
+        _ports_row(1, "dfl", 200),
+        _ports_row(8, "dfl", 100),
+        _ports_row(256, "dfl", 20),
+        _ports_row(256, "intel-fpga", 20),
+        _f1_row(100),
+        _host_row(50),
+        _grouping_row(100),
+    ]
+
+
+if __name__ == "__main__":
+    from bench.table import render
+
+    print(render(run()))
