@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import grpc
 import pytest
@@ -49,7 +50,7 @@ def test_models_map_versions_to_generations():
     assert MODELS["1.9"] == "v1alpha2"
     assert {MODELS[m] for m in ("1.10", "1.16", "1.19", "1.26", "1.33")} == {"v1beta1"}
     with pytest.raises(ValueError, match="unknown kubelet model"):
-        KubeletEmulator(__import__("pathlib").Path("/tmp"), "1.7")
+        KubeletEmulator(Path("/tmp"), "1.7")
 
 
 @pytest.mark.parametrize(
@@ -201,7 +202,7 @@ async def test_start_wipes_the_directory_but_the_checkpoint(stack, sockdir):
 @pytest.mark.parametrize("shared", ["/", "/tmp", "/tmp/../tmp"])
 def test_refuses_to_wipe_a_shared_directory(shared):
     with pytest.raises(ValueError, match="shared directory"):
-        KubeletEmulator(__import__("pathlib").Path(shared), "1.26")
+        KubeletEmulator(Path(shared), "1.26")
 
 
 async def test_start_creates_a_missing_directory(stack, sockdir):

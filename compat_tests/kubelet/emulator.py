@@ -147,6 +147,7 @@ class KubeletEmulator:
         for task in list(self._tasks):
             task.cancel()
         endpoints, self._endpoints = list(self._endpoints.values()), {}
+        self._devices.clear()
         for endpoint in endpoints:
             await endpoint.close()
         for task in list(self._tasks):
@@ -207,6 +208,9 @@ class KubeletEmulator:
         try:
             await endpoint.dial(self.dial_timeout)
             await endpoint.fetch_options()
+        except asyncio.CancelledError:  # the plugin gave up on Register, or we are stopping
+            await endpoint.close()
+            raise
         except PluginCallError as exc:
             await endpoint.close()
             if exc.method == "dial":
