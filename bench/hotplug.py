@@ -1,0 +1,141 @@
+"""Hot-plug as the kubelet feels it, and what an idle plugin costs.
+
+The real ``serve`` process runs the Intel backend on a fake node (six ports) and an emulated
+1.26 kubelet holds its ListAndWatch stream. Each figure is the time from changing the tree
+to the kubelet holding the new list. Port arrival and departure, and a deleted device node,
+show up in the device-node directory, so they are event-driven; a crashed AFU gives no event
+and waits for the periodic rescan, which is why it is measured with its own row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from bench.table import Row, median, ms
+from compat_tests.kubelet import KubeletEmulator
+from plugin.backends.fake_sysfs import CRASHED_AFU_ID, DEFAULT_AFU_ID, FakeNode, build_intel_node
+
+RESOURCE = "b-com.com/accelerator"
+WATCHED = "0000:5e:00.0"
+ROUNDS = 10
+RESCAN_ROUNDS = 3
+RESCAN_INTERVAL = 5.0
+IDLE_SECONDS = 30.0
+PATIENCE = 30.0
+
+Devices = dict
+
+
+def _spawn(directory: Path, node: FakeNode) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "plugin", "serve", "--backend", "intel",
+         "--sysfs-root", str(node.sysfs_root), "--dev-root", str(node.dev_root),
+         "--device-plugin-dir", str(directory), "--rescan-interval", str(RESCAN_INTERVAL),
+         "--log-level", "warning"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _timed(kubelet: KubeletEmulator, change: Callable[[], object],
+                 seen: Callable[[Devices], bool]) -> float:
+    began = time.perf_counter()
+    change()
+    await kubelet.wait_for_devices(RESOURCE, seen, timeout=PATIENCE)
+    return time.perf_counter() - began
+
+
+def _absent(devices: Devices) -> bool:
+    return WATCHED not in devices
+
+
+def _healthy(devices: Devices) -> bool:
+    return WATCHED in devices and devices[WATCHED].healthy
+
+
+def _unhealthy(devices: Devices) -> bool:
+    return WATCHED in devices and not devices[WATCHED].healthy
+
+
+async def _measure(directory: Path, node: FakeNode) -> dict[str, list[float]]:
+    figures: dict[str, list[float]] = {k: [] for k in ("gone", "back", "node", "afu", "idle")}
+    process = _spawn(directory, node)
+    try:
+        async with KubeletEmulator(directory, "1.26") as kubelet:
+            await kubelet.wait_for_devices(RESOURCE, lambda d: len(d) == 6, timeout=PATIENCE)
+            port = "intel-fpga-port.0"
+            for _ in range(ROUNDS):
+                figures["gone"].append(
+                    await _timed(kubelet, lambda p=port: node.remove_port(p), _absent))
+                names: list[str] = []
+                figures["back"].append(await _timed(
+                    kubelet, lambda n=names: n.append(node.add_port(WATCHED)), _healthy))
+                port = names[0]
+            for _ in range(ROUNDS):
+                figures["node"].append(await _timed(
+                    kubelet, lambda p=port: node.delete_device_node(p), _unhealthy))
+                await _timed(kubelet, lambda p=port: node.restore_device_node(p), _healthy)
+            for _ in range(RESCAN_ROUNDS):
+                figures["afu"].append(await _timed(
+                    kubelet, lambda p=port: node.set_afu_id(p, CRASHED_AFU_ID), _unhealthy))
+                await _timed(kubelet, lambda p=port: node.set_afu_id(p, DEFAULT_AFU_ID), _healthy)
+            before = _cpu_seconds(process.pid)
+            await asyncio.sleep(IDLE_SECONDS)
+            figures["idle"].append(_cpu_seconds(process.pid) - before)
+    finally:
+        _stop(process)
+    return figures
+
+
+def run() -> list[Row]:
+    root = Path(tempfile.mkdtemp(prefix="dphp", dir="/tmp"))
+    try:
+        node = build_intel_node(root / "node")
+        directory = root / "dp"
+        directory.mkdir()
+        figures = asyncio.run(_measure(directory, node))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    idle = figures["idle"][0]
+    return [
+        Row("hot-plug: port removed -> ListAndWatch", ms(median(figures["gone"])), "< 1 s",
+            f"median of {ROUNDS}, max {ms(max(figures['gone']))}; event-driven"),
+        Row("hot-plug: port added -> ListAndWatch", ms(median(figures["back"])), "< 1 s",
+            f"median of {ROUNDS}, max {ms(max(figures['back']))}; event-driven"),
+        Row("device node deleted -> Unhealthy", ms(median(figures["node"])), "< 1 s",
+            f"median of {ROUNDS}, max {ms(max(figures['node']))}; event-driven"),
+        Row("AFU crashed -> Unhealthy", ms(median(figures["afu"])),
+            f"~{RESCAN_INTERVAL:g} s (--rescan-interval)",
+            f"median of {RESCAN_ROUNDS}; no event, found by the next periodic rescan"),
+        Row(f"idle CPU over {IDLE_SECONDS:g} s", f"{100 * idle / IDLE_SECONDS:.2f} %",
+            "~0", f"{idle * 1000:.0f} ms CPU of serve, rescans every {RESCAN_INTERVAL:g} s"),
+    ]
+
+
+if __name__ == "__main__":
+    from bench.table import render
+
+    print(render(run()))
+    os._exit(0)
