@@ -16,6 +16,7 @@ from pathlib import Path
 
 from bench.table import Row, median, ms
 from plugin.backends import BackendConfig, make_backend
+from plugin.backends.aws import AwsF1Backend
 from plugin.backends.base import Backend
 from plugin.backends.fake_sysfs import FakeNode, build_f1_16xlarge, build_ports
 from plugin.model import DeviceSet
@@ -67,9 +68,9 @@ def _host_row(runs: int) -> Row:
     backend = make_backend("auto", BackendConfig())
     found = len(backend.scan())
     seconds = _median_scan(backend, runs, found)
+    functions = len(os.listdir(AwsF1Backend(BackendConfig()).devices_dir))
     return Row("discovery, auto on this host's /sys", ms(seconds), TARGET,
-               f"median of {runs}; {found} accelerators, "
-               f"{len(os.listdir('/sys/bus/pci/devices'))} PCI functions read")
+               f"median of {runs}; {found} accelerators, {functions} PCI functions")
 
 
 def _grouping_row(runs: int) -> Row:
