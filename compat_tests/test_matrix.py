@@ -130,7 +130,7 @@ async def test_kubelet_accepting_no_generation(kubelet, plugin):
     await assert_serves_units(node)
 
 
-async def test_hanging_kubelet_then_a_good_one(kubelet, plugin):
+async def test_hanging_kubelet_register_is_retried_after_its_deadline(kubelet, plugin):
     hanging = await kubelet("1.26", hang_register=True)
     daemon = plugin(extra=["--register-timeout", "1"])
     await hanging.wait_until(lambda: hanging.register_calls >= 2, timeout=SETTLE,
@@ -140,6 +140,19 @@ async def test_hanging_kubelet_then_a_good_one(kubelet, plugin):
     await hanging.stop()
     node = await kubelet("1.26")
     await assert_serves_units(node)
+
+
+async def test_hanging_kubelet_replaced_before_the_deadline(kubelet, plugin):
+    # Default 15 s Register deadline: the replacement kubelet, not the deadline, ends the wait.
+    hanging = await kubelet("1.26", hang_register=True)
+    daemon = plugin()
+    await hanging.wait_until(lambda: hanging.register_calls >= 1, timeout=SETTLE,
+                             what="a Register call")
+    await asyncio.sleep(0.5)
+    await hanging.stop()
+    node = await kubelet("1.9")
+    await assert_serves_units(node)
+    assert daemon.alive
 
 
 async def test_two_plugins_same_resource_newest_wins(kubelet, plugin, sockdir):
