@@ -1,0 +1,152 @@
+"""The kind matrix: run for real where Docker and kind exist, skipped (saying why) elsewhere.
+
+The script's own checks are also exercised against stub docker/kind/kubectl commands, to show
+that it fails when a node advertises the wrong count, when the DaemonSet lands on unlabelled
+nodes, or when the example pod prints no unit. Those stub runs test the script, not Kubernetes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO
+
+RUN = REPO / "compat_tests" / "kind" / "run.sh"
+MATRIX = REPO / "compat_tests" / "kind" / "matrix.txt"
+WORKFLOW = REPO / ".github" / "workflows" / "kind-matrix.yml"
+
+
+def matrix_entries() -> list[dict[str, str]]:
+    entries = []
+    for line in MATRIX.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            kubernetes, kind, node_image, overlay = line.split()
+            entries.append({"kubernetes": kubernetes, "kind": kind, "node_image": node_image,
+                            "overlay": overlay})
+    return entries
+
+
+def missing_prerequisites() -> list[str]:
+    missing = []
+    docker = shutil.which("docker")
+    if docker is None:
+        missing.append("the docker client")
+    else:
+        info = subprocess.run([docker, "info"], capture_output=True, text=True, timeout=60,
+                              check=False)
+        if info.returncode != 0:
+            said = (info.stderr or info.stdout).strip().splitlines()
+            missing.append(f"a running Docker engine (`docker info`: {' '.join(said[-1:])})")
+    for binary in ("kind", "kubectl"):
+        if shutil.which(binary) is None:
+            missing.append(f"the {binary} binary")
+    return missing
+
+
+@pytest.mark.kind
+@pytest.mark.timeout(7200)
+def test_kind_matrix():
+    missing = missing_prerequisites()
+    if missing:
+        pytest.skip("kind matrix not run here (needs Docker engine, kind and kubectl); "
+                    "missing: " + "; ".join(missing))
+    done = subprocess.run([str(RUN)], capture_output=True, text=True, timeout=7000, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr[-5000:]
+    assert " 0 failed" in done.stdout
+
+
+def test_script_refuses_to_run_without_its_tools(tmp_path):
+    """Where something is missing, the script says what and exits 77; it never pretends."""
+    if any(Path(d, "kind").exists() for d in ("/usr/bin", "/bin")):
+        pytest.skip("kind is installed in /usr/bin or /bin: cannot hide it from the script")
+    done = subprocess.run(["/bin/bash", str(RUN), "--check"], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin"}, timeout=60, check=False)
+    assert done.returncode == 77
+    assert "kind matrix not run; missing:" in done.stderr and "kind" in done.stderr
+
+
+def test_workflow_matrix_is_the_matrix_file():
+    workflow = yaml.safe_load(WORKFLOW.read_text())
+    include = workflow["jobs"]["kind"]["strategy"]["matrix"]["include"]
+    assert include == matrix_entries()
+    minors = [int(e["kubernetes"].split(".")[1]) for e in matrix_entries()]
+    assert minors == sorted(minors) and minors[0] <= 21 and minors[-1] >= 33
+    for entry in matrix_entries():
+        assert "@sha256:" in entry["node_image"], "kind node images must be pinned by digest"
+        assert entry["node_image"].startswith(f"kindest/node:v{entry['kubernetes']}.")
+        assert (REPO / entry["overlay"] / "kustomization.yaml").exists()
+        # Clusters before 1.21 need the legacy overlay (no maxSurge, seccomp annotation).
+        legacy = int(entry["kubernetes"].split(".")[1]) < 21
+        assert entry["overlay"].endswith("legacy") is legacy
+
+
+# --- the script's checks, against stub tools -----------------------------------------------
+
+STUB_DOCKER = """#!/usr/bin/env bash
+echo "docker $*" >> "$CALLS"
+"""
+STUB_KIND = """#!/usr/bin/env bash
+echo "kind $*" >> "$CALLS"
+if [[ $1 == version ]]; then echo "kind v0.29.0 go1.24 linux/amd64"; fi
+"""
+STUB_KUBECTL = """#!/usr/bin/env bash
+echo "kubectl $*" >> "$CALLS"
+case "$*" in
+  *"get node "*"-worker "*) printf '%s' "$FAKE_ALLOCATABLE" ;;
+  *"get node "*"-control-plane "*) printf '%s' "${FAKE_CONTROL_PLANE:-}" ;;
+  *"get daemonset accelerator-device-plugin"*) printf '%s' "${FAKE_SCHEDULED:-1}" ;;
+  *"get pod accelerator-example"*) printf 'Succeeded' ;;
+  *"logs accelerator-example"*) printf '%s\\n' "$FAKE_LOG" ;;
+esac
+"""
+
+
+def run_with_stubs(tmp_path: Path, **fake: str) -> tuple[subprocess.CompletedProcess[str], str]:
+    stubs = tmp_path / "stubs"
+    stubs.mkdir()
+    for name, body in (("docker", STUB_DOCKER), ("kind", STUB_KIND), ("kubectl", STUB_KUBECTL)):
+        (stubs / name).write_text(body)
+        (stubs / name).chmod(0o755)
+    calls = tmp_path / "calls"
+    env = {"PATH": f"{stubs}:/usr/bin:/bin", "CALLS": str(calls), "KIND_TIMEOUT": "2",
+           "FAKE_ALLOCATABLE": "40", "FAKE_LOG": "ACCELERATOR_UNITS=7", **fake}
+    done = subprocess.run(["/bin/bash", str(RUN)], capture_output=True, text=True, env=env,
+                          timeout=120, check=False, cwd=tmp_path)
+    return done, calls.read_text() if calls.exists() else ""
+
+
+def test_script_passes_when_every_check_holds(tmp_path):
+    done, calls = run_with_stubs(tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "kind: 1 passed, 0 failed"
+    assert f"docker build -f {REPO}/Dockerfile.multistage" in calls
+    assert "kind load docker-image k8s-accelerator-devplugin:kind --name accel-v1-33-1" in calls
+    assert "label node accel-v1-33-1-worker accelerators.b-com.com/fpga=true" in calls
+    assert f"apply -k {REPO}/compat_tests/kind" in calls
+    assert f"apply -f {REPO}/deploy/pod-example.yml" in calls
+    assert "kind delete cluster --name accel-v1-33-1" in calls.splitlines()[-1]
+    # Entries built for other kind releases are skipped, and said to be.
+    assert "skip 1.21: its node image is built for kind v0.16.0" in done.stderr
+
+
+@pytest.mark.parametrize(("fake", "complaint"), [
+    ({"FAKE_ALLOCATABLE": "0"}, "allocatable b-com.com/accelerator is '0'"),
+    ({"FAKE_SCHEDULED": "2"}, "only the labelled worker should run one"),
+    ({"FAKE_CONTROL_PLANE": "40"}, "unlabelled control plane advertises 40"),
+    ({"FAKE_LOG": "ACCELERATOR_UNITS="}, "printed 'ACCELERATOR_UNITS='"),
+    ({"FAKE_LOG": "ACCELERATOR_UNITS=40"}, "expected ACCELERATOR_UNITS=<0..39>"),
+])
+def test_script_fails_when_a_check_does_not_hold(tmp_path, fake, complaint):
+    done, _ = run_with_stubs(tmp_path, **fake)
+    assert done.returncode == 1
+    assert complaint in done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "kind: 0 passed, 1 failed"
+
+
+def test_script_is_executable():
+    assert os.access(RUN, os.X_OK)
