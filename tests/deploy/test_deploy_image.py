@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO
+from deploy_support import REPO, quantity
 from dockerfile_replay import (
     Stage,
     StageRun,
@@ -32,7 +32,6 @@ from dockerfile_replay import (
     replay_stage,
     stages,
 )
-from test_deploy_manifests import quantity
 
 DOCKERFILE = REPO / "Dockerfile.multistage"
 OCI_LABELS = {"title", "description", "version", "revision", "licenses"}

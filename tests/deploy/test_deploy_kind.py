@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO
+from deploy_support import REPO
 
 RUN = REPO / "compat_tests" / "kind" / "run.sh"
 MATRIX = REPO / "compat_tests" / "kind" / "matrix.txt"

@@ -10,7 +10,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from conftest import BIN, REPO, tool
+from deploy_support import BIN, REPO, tool
 
 WORKFLOW = REPO / ".github" / "workflows" / "kind-matrix.yml"
 SCRIPTS = [REPO / "compat_tests" / "kind" / "run.sh"]

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from deploy_support import REPO
 
 TRIGGER = Path("/sys/devices/virtual/mem/null/uevent")
 LISTENER = """

