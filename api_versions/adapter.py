@@ -18,6 +18,7 @@ from google.protobuf.message import Message
 from packaging.version import Version
 
 from api_versions.wire import Method, WireApi, rpc_handler
+from plugin import metrics
 from plugin.allocation import AllocationError, ContainerAllocation, allocate
 from plugin.feed import DeviceFeed
 from plugin.model import Device, DeviceNode, Mount
@@ -105,8 +106,13 @@ class Adapter(ABC):
     ]:
         """Allocate for every container or for none: the kubelet rejects the pod on error."""
         devices = resource.feed.current
-        granted = [allocate(devices, list(ids)) for ids in containers]
+        try:
+            granted = [allocate(devices, list(ids)) for ids in containers]
+        except AllocationError:
+            metrics.allocation(resource.resource_name, self.name, granted=False)
+            raise
         for allocation in granted:
+            metrics.allocation(resource.resource_name, self.name, granted=True)
             log.info(
                 "%s: allocated %s (%s)",
                 resource.resource_name,

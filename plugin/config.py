@@ -55,6 +55,8 @@ class Settings:
     heartbeat_file: Path | None = None
     heartbeat_interval: float = 10.0
     heartbeat_max_age: float = 60.0
+    metrics_port: int | None = None
+    metrics_address: str = "0.0.0.0"
     log_level: str = "info"
     log_format: str = "text"
     json_output: bool = False
@@ -85,6 +87,16 @@ def _count(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if not 0 <= value <= 4096:
         raise argparse.ArgumentTypeError(f"{text!r} must be between 0 and 4096")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} must be between 1 and 65535")
     return value
 
 
@@ -195,6 +207,9 @@ def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
             help="file touched after each successful self-check (for the liveness probe)")
     env.add("--heartbeat-interval", default=10.0, convert=_positive_float,
             help="seconds between self-checks")
+    env.add("--metrics-port", default=None, convert=_port,
+            help="serve Prometheus metrics on this port (off by default)")
+    env.add("--metrics-address", default="0.0.0.0", help="address for the metrics port")
 
 
 def build_parser() -> argparse.ArgumentParser:

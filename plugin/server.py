@@ -37,6 +37,7 @@ from api_versions.negotiate import (
     RetryPolicy,
     negotiate,
 )
+from plugin import metrics
 from plugin.dirwatch import Change, DirEvent
 from plugin.feed import DeviceFeed
 
@@ -127,6 +128,10 @@ class ResourceServer:
         return self.directory / self.socket_name
 
     @property
+    def _generation_names(self) -> list[str]:
+        return [a.name for a in self.candidates]
+
+    @property
     def serving(self) -> bool:
         return self._server is not None
 
@@ -215,6 +220,8 @@ class ResourceServer:
     async def _unserve(self) -> None:
         server, self._server = self._server, None
         self._registered_with = None
+        if self.generation is not None:
+            metrics.registered(self.resource_name, None, self._generation_names)
         self.generation = None
         self.registered.clear()
         if server is not None:
@@ -238,6 +245,7 @@ class ResourceServer:
                     before_attempt=self._offer,
                 )
             except NegotiationError as failure:
+                metrics.negotiation_failed(self.resource_name, type(failure).__name__)
                 self._report(failure, pause)
                 await self._pause(pause)
                 pause = min(pause * 2, self.timing.round_backoff_max)
@@ -245,6 +253,7 @@ class ResourceServer:
             self._registered_with = identity(self.directory / KUBELET_SOCKET)
             self.generation = adapter.name
             self.registrations += 1
+            metrics.registered(self.resource_name, adapter.name, self._generation_names)
             self.registered.set()
             await self._stop.wait()
             return
