@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from api_versions.negotiate import RetryPolicy, adapters
+from plugin import metrics
 from plugin.backends.base import Backend
 from plugin.config import Settings
 from plugin.dirwatch import Change, DirectoryWatcher
@@ -48,6 +49,7 @@ class Daemon:
 
     def __post_init__(self) -> None:
         self._stop = asyncio.Event()
+        self._stopping: set[asyncio.Task[None]] = set()
         retry = self.settings.retry
         self.policy = RetryPolicy(
             attempts=retry.attempts,
@@ -68,6 +70,7 @@ class Daemon:
     async def run(self) -> int:
         """Serve until SIGTERM/SIGINT or :meth:`stop`; return the process exit code."""
         self._install_signal_handlers()
+        self._enable_metrics()
         log.info("starting: backend %s, generations %s, directory %s", self.backend.name,
                  ",".join(a.name for a in self.candidates), self.directory)
         monitor = DeviceMonitor(self.backend, self.settings.rescan_interval, self.triggers)
@@ -86,7 +89,9 @@ class Daemon:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            await asyncio.gather(*(self._retire(name) for name in list(self.resources)))
+            for name in list(self.resources):
+                self._withdraw(name)
+            await self._drain()
         return 0
 
     async def _publish(self, node: DeviceSet) -> None:
@@ -95,6 +100,7 @@ class Daemon:
             self.settings.resource_prefix,
         )
         for name, devices in groups.items():
+            metrics.devices(name, devices)
             resource = self.resources.get(name)
             if resource is None:
                 self._adopt(name, devices)
@@ -102,6 +108,7 @@ class Daemon:
                 await resource.feed.publish(devices)
         for name in [n for n in self.resources if n not in groups]:
             log.info("%s: no devices left; withdrawing the resource", name)
+            metrics.devices(name, DeviceSet.of(()))
             await self._retire(name)
         self.ready.set()
 
@@ -121,12 +128,28 @@ class Daemon:
         self.resources[name] = _Resource(feed, server, task)
         log.info("%s: serving %d devices on %s", name, len(devices), server.socket_path)
 
-    async def _retire(self, name: str) -> None:
+    def _withdraw(self, name: str) -> None:
+        """Stop serving ``name``; its server finishes in the background (see ``_drain``)."""
         resource = self.resources.pop(name)
-        await resource.feed.close()
         resource.server.stop()
-        with contextlib.suppress(asyncio.CancelledError):
-            await resource.task
+        self._stopping.add(resource.task)
+        resource.task.add_done_callback(self._stopping.discard)
+        # Closing the feed ends the ListAndWatch streams, so the server can stop at once.
+        self._stopping.add(asyncio.create_task(resource.feed.close()))
+
+    async def _retire(self, name: str) -> None:
+        self._withdraw(name)
+        await self._drain()
+
+    async def _drain(self) -> None:
+        """Wait for withdrawn servers to stop, without swallowing our own cancellation."""
+        while self._stopping:
+            done, _ = await asyncio.wait(set(self._stopping))
+            for task in done:
+                self._stopping.discard(task)
+                if not task.cancelled() and task.exception() is not None:
+                    log.error("a resource server failed while stopping",
+                              exc_info=task.exception())
 
     async def _watch_kubelet_dir(self) -> None:
         """Forward every change in the device-plugin directory to the resource servers."""
@@ -166,6 +189,16 @@ class Daemon:
                 except OSError as exc:
                     log.warning("cannot write heartbeat %s: %s", path, exc)
             await asyncio.sleep(self.settings.heartbeat_interval)
+
+    def _enable_metrics(self) -> None:
+        """Metrics are a convenience: a port already taken must not stop device serving."""
+        if self.settings.metrics_port is None:
+            return
+        try:
+            metrics.enable(self.settings.metrics_address, self.settings.metrics_port)
+        except OSError as exc:
+            log.error("metrics disabled: cannot listen on %s:%d: %s",
+                      self.settings.metrics_address, self.settings.metrics_port, exc)
 
     def _install_signal_handlers(self) -> None:
         loop = asyncio.get_running_loop()
