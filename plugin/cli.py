@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -16,6 +17,11 @@ log = logging.getLogger(__name__)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # gRPC's core library logs to stderr in its own plain-text format (for example "Got
+    # goaway" when a kubelet goes away mid-call), which breaks --log-format json; our own
+    # logs already say what matters. Set before gRPC is first imported; an operator's value
+    # wins.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     settings = parse(argv)
     configure(settings.log_level, settings.log_format)
     try:
