@@ -24,7 +24,7 @@ def test_table_shows_every_column_for_every_port(tmp_path: Path) -> None:
                          "Healthy"]
     crashed = next(line for line in lines if line.startswith("0000:d8:00.0"))
     assert "Unhealthy" in crashed and crashed.endswith("AFU ID is all f: firmware crashed")
-    assert len({line.index("HEALTH") for line in lines[:1]}) == 1
+    # Columns are aligned: every HEALTH cell starts under the header.
     assert all(line[lines[0].index("HEALTH"):].split()[0] in ("HEALTH", "Healthy", "Unhealthy")
                for line in lines)
 
