@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -30,6 +29,7 @@ from tenacity import (
 )
 
 from api_versions.adapter import Adapter
+from api_versions.retry import RetryPolicy
 from api_versions.v1alpha1 import V1Alpha1
 from api_versions.v1alpha2 import V1Alpha2
 from api_versions.v1beta1 import V1Beta1
@@ -77,15 +77,6 @@ class NoGenerationAccepted(NegotiationError):
         answers = "; ".join(f"{name}: {detail}" for name, detail in tried)
         super().__init__(f"the kubelet accepted none of the generations tried ({answers})")
         self.tried = tuple(tried)
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    attempts: int = 5
-    initial_backoff: float = 0.05
-    max_backoff: float = 2.0
-    jitter: float = 0.05
-    register_timeout: float = 15.0
 
 
 def adapters(names: Iterable[str] | None = None) -> list[Adapter]:

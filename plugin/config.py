@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
+from api_versions.retry import RetryPolicy
 from plugin.resource_names import resource_name_problem
 
 ENV_PREFIX = "ACCELERATOR_DP_"
@@ -24,17 +25,6 @@ DEFAULT_SOCKET = "accelerator.sock"
 DEFAULT_GENERATIONS = ("v1beta1", "v1alpha2", "v1alpha1")
 BACKEND_CHOICES = ("auto", "intel", "aws", "units", "none")
 RESOURCE_MODES = ("single", "afu")
-
-
-@dataclass(frozen=True)
-class RetrySettings:
-    """Bounds of the tenacity-retried registration call (transient failures only)."""
-
-    attempts: int = 5
-    initial_backoff: float = 0.05
-    max_backoff: float = 2.0
-    register_timeout: float = 15.0
-    round_backoff_max: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -60,7 +50,7 @@ class Settings:
     log_level: str = "info"
     log_format: str = "text"
     json_output: bool = False
-    retry: RetrySettings = field(default_factory=RetrySettings)
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -247,7 +237,7 @@ def parse(argv: Sequence[str] | None = None) -> Settings:
     parser = build_parser()
     ns = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     values = {k: v for k, v in vars(ns).items() if k in Settings.__dataclass_fields__}
-    retry = RetrySettings(
+    retry = RetryPolicy(
         attempts=max(1, getattr(ns, "retry_attempts", 5)),
         max_backoff=getattr(ns, "retry_max_backoff", 2.0),
         register_timeout=getattr(ns, "register_timeout", 15.0),

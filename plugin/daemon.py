@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from api_versions.negotiate import RetryPolicy, adapters
+from api_versions.negotiate import adapters
 from plugin import metrics
 from plugin.backends.base import Backend
 from plugin.config import Settings
@@ -50,13 +50,6 @@ class Daemon:
     def __post_init__(self) -> None:
         self._stop = asyncio.Event()
         self._stopping: set[asyncio.Task[None]] = set()
-        retry = self.settings.retry
-        self.policy = RetryPolicy(
-            attempts=retry.attempts,
-            initial_backoff=retry.initial_backoff,
-            max_backoff=retry.max_backoff,
-            register_timeout=retry.register_timeout,
-        )
         self.candidates = adapters(self.settings.api_versions)
         self.ready = asyncio.Event()
 
@@ -121,7 +114,7 @@ class Daemon:
                                         self.settings.resource_mode),
             feed=feed,
             candidates=self.candidates,
-            policy=self.policy,
+            policy=self.settings.retry,
             timing=self.timing,
         )
         task = asyncio.create_task(server.run(), name=f"resource {name}")

@@ -18,10 +18,11 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from api_versions.retry import RetryPolicy
 from compat_tests.kubelet import KubeletEmulator, PluginCallError
 from plugin.backends import make_backend
 from plugin.backends.fake_sysfs import CRASHED_AFU_ID, DEFAULT_AFU_ID, build_intel_node
-from plugin.config import RetrySettings, Settings
+from plugin.config import Settings
 from plugin.daemon import Daemon
 from plugin.server import Timing
 
@@ -91,7 +92,7 @@ async def _story(root: Path) -> None:
     settings = Settings(
         device_plugin_dir=directory, backend="intel", sysfs_root=node.sysfs_root,
         dev_root=node.dev_root, rescan_interval=0.5, kubelet_check_interval=1.0,
-        retry=RetrySettings(attempts=3, max_backoff=0.2, register_timeout=5.0),
+        retry=RetryPolicy(attempts=3, max_backoff=0.2, register_timeout=5.0),
     )
     backend = make_backend("intel", node.config())
 

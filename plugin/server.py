@@ -34,9 +34,9 @@ from api_versions.negotiate import (
     KUBELET_SOCKET,
     NegotiationError,
     NoGenerationAccepted,
-    RetryPolicy,
     negotiate,
 )
+from api_versions.retry import RetryPolicy
 from plugin import metrics
 from plugin.dirwatch import Change, DirEvent
 from plugin.feed import DeviceFeed

@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from api_versions.retry import RetryPolicy
 from compat_tests.kubelet import KubeletEmulator
 from plugin.backends import make_backend
 from plugin.backends.fake_sysfs import DEFAULT_AFU_ID, OTHER_AFU_ID, FakeNode, build_intel_node
-from plugin.config import RetrySettings, Settings
+from plugin.config import Settings
 from plugin.daemon import Daemon, heartbeat_fresh
 from plugin.resources import afu_resource_name
 from plugin.server import Timing
@@ -37,7 +38,7 @@ def settings_for(root: Path, node: FakeNode, **changes: object) -> Settings:
     base = Settings(
         device_plugin_dir=root / "dp", backend="intel", sysfs_root=node.sysfs_root,
         dev_root=node.dev_root, rescan_interval=0.2, kubelet_check_interval=0.5,
-        retry=RetrySettings(attempts=3, max_backoff=0.1, register_timeout=5.0),
+        retry=RetryPolicy(attempts=3, max_backoff=0.1, register_timeout=5.0),
     )
     return replace(base, **changes)
 

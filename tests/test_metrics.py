@@ -11,11 +11,12 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from api_versions.retry import RetryPolicy
 from compat_tests.kubelet import KubeletEmulator, PluginCallError
 from plugin import metrics
 from plugin.backends import make_backend
 from plugin.backends.base import BackendConfig
-from plugin.config import RetrySettings, Settings
+from plugin.config import Settings
 from plugin.daemon import Daemon
 
 RESOURCE = "b-com.com/accelerator"
@@ -38,7 +39,7 @@ async def test_metrics_follow_registration_devices_and_allocations() -> None:
     directory = Path(tempfile.mkdtemp(prefix="dpm", dir="/tmp"))
     port = metrics.enable("127.0.0.1", 0)
     settings = Settings(device_plugin_dir=directory, backend="units", accel_nbunits=3,
-                        retry=RetrySettings(attempts=3, max_backoff=0.1))
+                        retry=RetryPolicy(attempts=3, max_backoff=0.1))
     daemon = Daemon(settings, make_backend("units", BackendConfig(nb_units=3)))
     task = asyncio.create_task(daemon.run())
     try:

@@ -14,10 +14,10 @@ from api_versions.negotiate import (
     KubeletUnreachable,
     NoGenerationAccepted,
     RegistrationRefused,
-    RetryPolicy,
     adapters,
     negotiate,
 )
+from api_versions.retry import RetryPolicy
 from api_versions.wire import WireApi, rpc_handler
 
 FAST = RetryPolicy(attempts=4, initial_backoff=0.01, max_backoff=0.02, jitter=0.0,
