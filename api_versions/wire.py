@@ -76,8 +76,9 @@ class WireApi:
         descriptor = self._pool.FindMessageTypeByName(f"{self.package}.{name}")
         return message_factory.GetMessageClass(descriptor)
 
-    def new(self, name: str, **fields: Any) -> Message:
-        return self.message(name)(**fields)
+    def new(self, message_name: str, /, **fields: Any) -> Message:
+        """An instance of ``message_name``; positional-only so a field may be called ``name``."""
+        return self.message(message_name)(**fields)
 
     def service(self, name: str) -> ServiceDescriptor:
         return self._pool.FindServiceByName(f"{self.package}.{name}")
