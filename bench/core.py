@@ -10,13 +10,13 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from bench.serving import spawn_serve
+from bench.serving import stop as _stop
 from bench.table import Row, median, ms, percentile
 from compat_tests.kubelet import KubeletEmulator
 
@@ -27,20 +27,7 @@ ALLOCATIONS = 1000
 
 
 def _spawn(directory: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "plugin", "serve", "--backend", "units", "--accel-nbunits", "40",
-         "--device-plugin-dir", str(directory), "--log-level", "warning"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+    return spawn_serve(directory, "--backend", "units", "--accel-nbunits", "40")
 
 
 def _rss_mib(pid: int) -> float:

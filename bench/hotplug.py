@@ -12,14 +12,14 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from bench.serving import spawn_serve
+from bench.serving import stop as _stop
 from bench.table import Row, median, ms
 from compat_tests.kubelet import KubeletEmulator
 from plugin.backends.fake_sysfs import CRASHED_AFU_ID, DEFAULT_AFU_ID, FakeNode, build_intel_node
@@ -36,22 +36,10 @@ Devices = dict
 
 
 def _spawn(directory: Path, node: FakeNode) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "plugin", "serve", "--backend", "intel",
-         "--sysfs-root", str(node.sysfs_root), "--dev-root", str(node.dev_root),
-         "--device-plugin-dir", str(directory), "--rescan-interval", str(RESCAN_INTERVAL),
-         "--log-level", "warning"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    return spawn_serve(
+        directory, "--backend", "intel", "--sysfs-root", str(node.sysfs_root),
+        "--dev-root", str(node.dev_root), "--rescan-interval", str(RESCAN_INTERVAL),
     )
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 def _cpu_seconds(pid: int) -> float:

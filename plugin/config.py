@@ -117,6 +117,15 @@ def _resource_name(text: str) -> str:
     return text
 
 
+def _resource_prefix(text: str) -> str:
+    from plugin.resources import prefix_problem
+
+    problem = prefix_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
 def _env(flag: str) -> str:
     return ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper()
 
@@ -162,7 +171,7 @@ def _add_node_flags(parser: argparse.ArgumentParser) -> None:
     env.add("--dev-root", default=Path("/dev"), convert=Path, help="root of device nodes")
     env.add("--resource-mode", default="single", choices=RESOURCE_MODES,
             help="single: one resource; afu: one resource per AFU ID")
-    env.add("--resource-prefix", default="b-com.com",
+    env.add("--resource-prefix", default="b-com.com", convert=_resource_prefix,
             help="domain of the per-AFU resource names in afu mode")
     env.add("--resource-name", default=DEFAULT_RESOURCE, convert=_resource_name,
             help="extended resource name advertised in single mode")

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+from plugin.backends import uevent_subsystems
 from plugin.backends.base import Backend
 from plugin.monitor import TriggerSource
 
 
 def triggers_for(backend: Backend) -> list[TriggerSource]:
     """Kernel uevents of the subsystems the backend reads, where the backend declares any."""
-    subsystems = getattr(backend, "uevent_subsystems", ())
-    if backend.static or not subsystems:
+    subsystems = uevent_subsystems(backend)
+    if not subsystems:
         return []
     from plugin.uevents import kernel_uevents
 

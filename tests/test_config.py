@@ -46,6 +46,8 @@ def test_environment_sets_defaults_and_flags_win(monkeypatch: pytest.MonkeyPatch
         (["serve", "--resource-name", "kubernetes.io/fpga"], {}, "reserved"),
         (["serve", "--socket-name", "kubelet.sock"], {}, "other than kubelet.sock"),
         (["serve", "--backend", "gpu"], {}, "invalid choice"),
+        (["serve", "--resource-prefix", "Bad_Domain"], {}, "not a DNS subdomain"),
+        (["serve", "--metrics-port", "70000"], {}, "between 1 and 65535"),
         (["serve"], {"ACCELERATOR_DP_ACCEL_NBUNITS": "many"}, "ACCELERATOR_DP_ACCEL_NBUNITS"),
         (["healthcheck"], {}, "needs --heartbeat-file"),
     ],

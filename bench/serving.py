@@ -1,0 +1,27 @@
+"""Starting and stopping the real ``serve`` process for benchmarks, the way a node would."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+
+def spawn_serve(directory: Path, *flags: str) -> subprocess.Popen[bytes]:
+    """``serve`` on ``directory`` with ``flags``, quiet, in this interpreter's environment."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "plugin", "serve", "--device-plugin-dir", str(directory),
+         "--log-level", "warning", *flags],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, as the kubelet would send; SIGKILL only if it does not exit within 10 s."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

@@ -1,0 +1,46 @@
+"""``discover`` shows an operator what ``serve`` would advertise, from any sysfs tree."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from plugin.backends.fake_sysfs import build_broken_node, build_intel_node
+
+
+def discover(node_root: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "plugin", "discover", "--backend", "auto",
+         "--sysfs-root", str(node_root / "sys"), "--dev-root", str(node_root / "dev"), *extra],
+        capture_output=True, text=True, timeout=60,
+    )
+
+
+def test_json_lists_every_port_by_pci_address(tmp_path: Path) -> None:
+    build_intel_node(tmp_path)
+    result = discover(tmp_path, "--json")
+    assert result.returncode == 0, result.stderr
+    devices = json.loads(result.stdout)
+    ids = [d["id"] for d in devices]
+    assert ids == ["0000:3b:00.0", "0000:3b:00.0-port1", "0000:5e:00.0", "0000:be:00.1",
+                   "0000:be:00.2", "0000:d8:00.0"]
+    assert all(d["health"] == "Healthy" for d in devices)
+
+
+def test_table_shows_unhealthy_ports_and_why(tmp_path: Path) -> None:
+    build_broken_node(tmp_path)
+    result = discover(tmp_path)
+    assert result.returncode == 0, result.stderr
+    crashed = next(line for line in result.stdout.splitlines() if "0000:3b:00.0" in line)
+    assert "Unhealthy" in crashed and "all f" in crashed
+    assert "warning" in result.stderr.lower(), "skipped devices are reported on stderr"
+
+
+def test_a_node_without_fpga_lists_nothing_and_succeeds(tmp_path: Path) -> None:
+    (tmp_path / "sys").mkdir()
+    (tmp_path / "dev").mkdir()
+    result = discover(tmp_path, "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == []
