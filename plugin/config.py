@@ -41,6 +41,7 @@ class Settings:
     resource_mode: str = "single"
     resource_prefix: str = "b-com.com"
     rescan_interval: float = 5.0
+    health_interval: float = 0.5
     kubelet_check_interval: float = 5.0
     heartbeat_file: Path | None = None
     heartbeat_interval: float = 10.0
@@ -194,6 +195,8 @@ def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
             help="generations to try, in this order (default newest first)")
     env.add("--rescan-interval", default=5.0, convert=_positive_float,
             help="seconds between safety-net rescans of sysfs")
+    env.add("--health-interval", default=0.5, convert=_positive_float,
+            help="seconds between re-reads of the files that decide health (AFU ID, errors)")
     env.add("--kubelet-check-interval", default=5.0, convert=_positive_float,
             help="seconds between safety-net checks for a restarted kubelet")
     env.add("--register-timeout", default=15.0, convert=_positive_float,

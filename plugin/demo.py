@@ -91,7 +91,7 @@ async def _story(root: Path) -> None:
     directory = root / "device-plugins"
     settings = Settings(
         device_plugin_dir=directory, backend="intel", sysfs_root=node.sysfs_root,
-        dev_root=node.dev_root, rescan_interval=0.5, kubelet_check_interval=1.0,
+        dev_root=node.dev_root, kubelet_check_interval=1.0,
         retry=RetryPolicy(attempts=3, max_backoff=0.2, register_timeout=5.0),
     )
     backend = make_backend("intel", node.config())

@@ -2,9 +2,10 @@
 
 A backend only knows how to scan. This module decides when: once at start; whenever a
 watched directory changes (device nodes created or removed) or the kernel announces a device
-(uevents); and every ``rescan_interval`` as the safety net for what gives no events (a port's
-error register, an AFU reprogrammed in place). Bursts of events are folded into one scan.
-Scans run in a worker thread so sysfs reads never stall the gRPC event loop.
+(uevents); whenever one of the few files that decide health but give no event (a port's
+``afu_id`` and error register) reads differently, checked every ``health_interval``; and
+every ``rescan_interval`` as the safety net for everything else. Bursts of events are folded
+into one scan. Scans and reads run in a worker thread so sysfs never stalls the event loop.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
 
 from plugin.backends.base import Backend
 from plugin.dirwatch import DirectoryWatcher
@@ -32,9 +34,12 @@ class DeviceMonitor:
         backend: Backend,
         rescan_interval: float,
         triggers: Sequence[TriggerSource] = (),
+        health_interval: float = 0.5,
     ) -> None:
         self.backend = backend
         self.rescan_interval = rescan_interval
+        self.health_interval = health_interval
+        self._health_reading: tuple[bytes | None, ...] = ()
         self.triggers = list(triggers)
         self.scans = 0
         self._wake = asyncio.Event()
@@ -44,12 +49,34 @@ class DeviceMonitor:
         """One scan, never raising: a failing backend keeps the previous snapshot."""
         self.scans += 1
         try:
-            devices = await asyncio.to_thread(self.backend.scan)
+            devices = await asyncio.to_thread(self._scan_and_read_health)
             return _dedupe(devices, self.backend.name)
         except Exception:
             log.exception("%s discovery failed; keeping the previous device list",
                           self.backend.name)
             return self._last if self._last is not None else DeviceSet.of(())
+
+    def _scan_and_read_health(self) -> list[Device]:
+        devices = self.backend.scan()
+        self._health_reading = _read_all(self._health_files())
+        return devices
+
+    def _health_files(self) -> list[Path]:
+        files = getattr(self.backend, "health_files", None)
+        return list(files()) if files is not None else []
+
+    async def _follow_health(self) -> None:
+        """Re-read only the health files between scans; a difference wakes a full scan."""
+        while True:
+            await asyncio.sleep(self.health_interval)
+            files = self._health_files()
+            if not files:
+                continue
+            reading = await asyncio.to_thread(_read_all, files)
+            if reading != self._health_reading:
+                self._health_reading = reading
+                log.debug("rescan: a health attribute changed")
+                self._wake.set()
 
     async def run(self, publish: Publish) -> None:
         """Publish the first snapshot, then every changed one, until cancelled."""
@@ -59,7 +86,8 @@ class DeviceMonitor:
         if self.backend.static:
             return
         watcher = DirectoryWatcher()
-        tasks = [asyncio.create_task(self._follow_dirs(watcher))]
+        tasks = [asyncio.create_task(self._follow_dirs(watcher)),
+                 asyncio.create_task(self._follow_health())]
         tasks += [asyncio.create_task(self._follow(source)) for source in self.triggers]
         try:
             while True:
@@ -110,6 +138,18 @@ class DeviceMonitor:
         async for reason in source():
             log.debug("rescan: %s", reason)
             self._wake.set()
+
+
+def _read_all(files: Sequence[Path]) -> tuple[bytes | None, ...]:
+    """Contents of each file (its first 4 KiB), None where it cannot be read."""
+    contents: list[bytes | None] = []
+    for path in files:
+        try:
+            with open(path, "rb") as handle:
+                contents.append(handle.read(4096))
+        except OSError:
+            contents.append(None)
+    return tuple(contents)
 
 
 def _dedupe(devices: Sequence[Device], backend: str) -> DeviceSet:

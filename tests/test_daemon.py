@@ -143,3 +143,28 @@ def test_demo_runs_the_whole_story() -> None:
     assert "refused:" in out and "INVALID_ARGUMENT" in out
     assert "Unhealthy after" in out and "Healthy again after" in out
     assert "exit code 0; files left in the device-plugin directory: none" in out
+
+
+async def test_failures_without_kernel_events_are_seen_through_health_files(root, running) -> None:
+    """A crashed AFU or a latched port error gives no event; with full rescans 60 s apart,
+    only the health-file re-reads can report them within the wait below."""
+    node, kubelet, started = running
+    start(started, settings_for(root, node, rescan_interval=60.0, health_interval=0.1), node)
+    resource = "b-com.com/accelerator"
+    await kubelet.wait_for_devices(resource, timeout=10)
+    crashed, errored = sorted(node.ports)[:2]
+    crashed_id, errored_id = (_id_of(kubelet, node.ports[p].bdf, resource)
+                              for p in (crashed, errored))
+
+    node.set_afu_id(crashed, "f" * 32)
+    node.set_port_error(errored, 0x10)
+    await kubelet.wait_for_devices(
+        resource, lambda d: not d[crashed_id].healthy and not d[errored_id].healthy, timeout=10)
+
+    node.set_afu_id(crashed, DEFAULT_AFU_ID)
+    node.set_port_error(errored, 0)
+    await kubelet.wait_for_devices(resource, timeout=10)  # default: all healthy again
+
+
+def _id_of(kubelet: KubeletEmulator, bdf: str, resource: str) -> str:
+    return next(i for i in sorted(kubelet.devices(resource)) if i.split("-")[0] == bdf)

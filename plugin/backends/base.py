@@ -38,3 +38,14 @@ class Backend(Protocol):
     def scan(self) -> list[Device]: ...
 
     def watch_paths(self) -> list[Path]: ...
+
+
+class HealthFiles(Protocol):
+    """Optional for a backend: small files whose contents decide health without any event.
+
+    The monitor re-reads them every ``--health-interval`` and rescans when one changed, so a
+    crashed AFU or a latched port error reaches the kubelet within that interval rather than
+    at the next full rescan. Missing files are fine: reading them simply differs.
+    """
+
+    def health_files(self) -> list[Path]: ...

@@ -108,17 +108,29 @@ class IntelBackend:
         self.sysfs_root = config.sysfs_root
         self.dev_root = config.dev_root
         self._notes = Notes(log)
+        self._health_files: tuple[Path, ...] = ()
+        self._seen_health_files: list[Path] = []
 
     def scan(self) -> list[Device]:
         warnings = self._notes.start()
+        self._seen_health_files = []
         try:
             devices = self._scan(warnings)
+            self._health_files = tuple(self._seen_health_files)
         except Exception:
             log.exception("Intel FPGA discovery under %s failed; reporting no ports",
                           self.sysfs_root)
             devices = []
         self._notes.flush(warnings)
         return devices
+
+    def health_files(self) -> list[Path]:
+        """Each served port's ``afu_id`` and error register, as found by the last scan.
+
+        Their contents decide health but change without any event (a crashed AFU, a latched
+        error), so the monitor re-reads just these between full scans.
+        """
+        return list(self._health_files)
 
     def watch_paths(self) -> list[Path]:
         """Device-node directories (udev adds and removes nodes) and the class directories."""
@@ -214,6 +226,7 @@ class IntelBackend:
             attributes["device"] = function.device
         if interface_id:
             attributes["interface_id"] = interface_id
+        self._seen_health_files += [port.path / "afu_id", port.path / "errors" / "errors"]
         afu_id = _afu_id(device_id, port, reasons, warnings)
         if afu_id:
             attributes["afu_id"] = afu_id
