@@ -144,6 +144,7 @@ class ResourceServer:
             except Exception:
                 log.exception("%s: cannot serve on %s; retrying", self.resource_name,
                               self.socket_path)
+                await self._unserve()
                 await self._pause(self.timing.round_backoff_max / 10)
                 continue
             holder = asyncio.create_task(self._register_and_hold())

@@ -168,3 +168,30 @@ async def test_failures_without_kernel_events_are_seen_through_health_files(root
 
 def _id_of(kubelet: KubeletEmulator, bdf: str, resource: str) -> str:
     return next(i for i in sorted(kubelet.devices(resource)) if i.split("-")[0] == bdf)
+
+
+async def test_a_socket_that_cannot_be_served_is_retried_not_fatal(root: Path) -> None:
+    """The device-plugin directory is not creatable (a file is in the way): the server logs,
+    keeps the process alive and serves once the obstacle is gone."""
+    from api_versions.negotiate import adapters
+    from plugin.feed import DeviceFeed
+    from plugin.model import DeviceSet
+    from plugin.server import ResourceServer
+
+    blocked = root / "dp"
+    blocked.write_text("not a directory")
+    server = ResourceServer(
+        "b-com.com/accelerator", blocked, "a.sock", DeviceFeed(DeviceSet.of(())),
+        adapters(), RetryPolicy(attempts=1), Timing(round_backoff_max=1.0),
+    )
+    task = asyncio.create_task(server.run())
+    await asyncio.sleep(0.3)
+    assert not task.done() and not server.serving
+    blocked.unlink()
+    deadline = time.monotonic() + 10
+    while not (blocked / "a.sock").exists() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert (blocked / "a.sock").exists()
+    server.stop()
+    await asyncio.wait_for(task, 10)
+    assert not (blocked / "a.sock").exists()
