@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -195,3 +197,28 @@ async def test_a_socket_that_cannot_be_served_is_retried_not_fatal(root: Path) -
     server.stop()
     await asyncio.wait_for(task, 10)
     assert not (blocked / "a.sock").exists()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_signal_stops_serve_cleanly(root: Path, signum: int) -> None:
+    directory = root / "dp"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "plugin", "serve", "--backend", "units",
+         "--device-plugin-dir", str(directory), "--log-format", "json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not (directory / "accelerator.sock").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (directory / "accelerator.sock").exists()
+        process.send_signal(signum)
+        _out, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0
+    assert not (directory / "accelerator.sock").exists()
+    lines = [json.loads(line) for line in err.splitlines()]
+    assert lines[-1]["message"] == "stopping"
