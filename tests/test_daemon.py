@@ -222,3 +222,24 @@ def test_signal_stops_serve_cleanly(root: Path, signum: int) -> None:
     assert not (directory / "accelerator.sock").exists()
     lines = [json.loads(line) for line in err.splitlines()]
     assert lines[-1]["message"] == "stopping"
+
+
+async def test_garbage_on_the_wire_is_answered_and_the_daemon_keeps_serving(root, running) -> None:
+    import grpc
+
+    node, kubelet, started = running
+    start(started, settings_for(root, node), node)
+    resource = "b-com.com/accelerator"
+    await kubelet.wait_for_devices(resource, timeout=10)
+    socket = kubelet.endpoint_socket(resource)
+    async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+        allocate = channel.unary_unary("/v1beta1.DevicePlugin/Allocate")
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await allocate(b"\xff\xff\xff\xff garbage", timeout=5)
+        assert refused.value.code() in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
+        unknown = channel.unary_unary("/v1beta1.DevicePlugin/Nonsense")
+        with pytest.raises(grpc.aio.AioRpcError) as missing:
+            await unknown(b"", timeout=5)
+        assert missing.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    granted = await kubelet.allocate(resource, ["0000:5e:00.0"])
+    assert granted.envs["ACCELERATOR_UNITS"] == "0000:5e:00.0"
