@@ -249,10 +249,11 @@ def parse(argv: Sequence[str] | None = None) -> Settings:
     parser = build_parser()
     ns = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     values = {k: v for k, v in vars(ns).items() if k in Settings.__dataclass_fields__}
+    default = RetryPolicy()
     retry = RetryPolicy(
-        attempts=max(1, getattr(ns, "retry_attempts", 5)),
-        max_backoff=getattr(ns, "retry_max_backoff", 2.0),
-        register_timeout=getattr(ns, "register_timeout", 15.0),
+        attempts=max(1, getattr(ns, "retry_attempts", default.attempts)),
+        max_backoff=getattr(ns, "retry_max_backoff", default.max_backoff),
+        register_timeout=getattr(ns, "register_timeout", default.register_timeout),
     )
     if ns.command == "healthcheck" and ns.heartbeat_file is None:
         parser.error("healthcheck needs --heartbeat-file (or ACCELERATOR_DP_HEARTBEAT_FILE)")

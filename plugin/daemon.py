@@ -51,7 +51,6 @@ class Daemon:
         self._stop = asyncio.Event()
         self._stopping: set[asyncio.Task[None]] = set()
         self.candidates = adapters(self.settings.api_versions)
-        self.ready = asyncio.Event()
 
     @property
     def directory(self) -> Path:
@@ -104,7 +103,6 @@ class Daemon:
             log.info("%s: no devices left; withdrawing the resource", name)
             metrics.devices(name, DeviceSet.of(()))
             await self._retire(name)
-        self.ready.set()
 
     def _adopt(self, name: str, devices: DeviceSet) -> None:
         feed = DeviceFeed(devices)

@@ -57,10 +57,6 @@ class DirectoryWatcher:
             log.warning("inotify unavailable (%s); relying on periodic checks only", exc)
             self._inotify = None
 
-    @property
-    def available(self) -> bool:
-        return self._inotify is not None
-
     def watch(self, directory: Path) -> bool:
         """Start watching ``directory``; False (not an error) if it does not exist yet."""
         if self._inotify is None:
@@ -73,9 +69,6 @@ class DirectoryWatcher:
             log.debug("cannot watch %s yet: %s", directory, exc)
             return False
         return True
-
-    def watching(self, directory: Path) -> bool:
-        return directory in self._watches
 
     async def events(self) -> AsyncIterator[DirEvent]:
         if self._inotify is None:

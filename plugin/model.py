@@ -121,12 +121,6 @@ class DeviceSet:
     def healthy_ids(self) -> tuple[str, ...]:
         return tuple(d.id for d in self if d.healthy)
 
-    def filter(self, **attributes: str) -> DeviceSet:
-        """Devices whose attributes equal every given value."""
-        return DeviceSet.of(
-            d for d in self if all(d.attribute(k) == v for k, v in attributes.items())
-        )
-
     def diff(self, newer: DeviceSet) -> DeviceSetDiff:
         added = tuple(i for i in newer.ids if i not in self)
         removed = tuple(i for i in self.ids if i not in newer)

@@ -41,13 +41,11 @@ class DeviceMonitor:
         self.health_interval = health_interval
         self._health_reading: tuple[bytes | None, ...] = ()
         self.triggers = list(triggers)
-        self.scans = 0
         self._wake = asyncio.Event()
         self._last: DeviceSet | None = None
 
     async def scan(self) -> DeviceSet:
         """One scan, never raising: a failing backend keeps the previous snapshot."""
-        self.scans += 1
         try:
             devices = await asyncio.to_thread(self._scan_and_read_health)
             return _dedupe(devices, self.backend.name)

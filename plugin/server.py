@@ -112,7 +112,6 @@ class ResourceServer:
         self._restart = asyncio.Event()
         self._kubelet_appeared = asyncio.Event()
         self._stop = asyncio.Event()
-        self.registered = asyncio.Event()
 
     # The ServedResource protocol the adapters read.
     @property
@@ -224,7 +223,6 @@ class ResourceServer:
         if self.generation is not None:
             metrics.registered(self.resource_name, None, self._generation_names)
         self.generation = None
-        self.registered.clear()
         if server is not None:
             await server.stop(self.timing.stop_grace)
         if self._served is not None and identity(self.socket_path) == self._served:
@@ -255,7 +253,6 @@ class ResourceServer:
             self.generation = adapter.name
             self.registrations += 1
             metrics.registered(self.resource_name, adapter.name, self._generation_names)
-            self.registered.set()
             await self._stop.wait()
             return
 
