@@ -39,6 +39,7 @@ class PluginProcess:
         socket_name: str | None = None,
         extra: Sequence[str] = (),
         name: str = "plugin",
+        fast_retries: bool = True,
     ) -> None:
         self.directory = directory
         self.log_path = log_dir / f"{name}.log"
@@ -47,7 +48,7 @@ class PluginProcess:
             sys.executable, "-m", "plugin", "serve",
             "--backend", "units", "--accel-nbunits", str(nb_units),
             "--device-plugin-dir", str(directory), "--socket-name", self.socket_name,
-            "--log-format", "json", *FAST_RETRIES, *extra,
+            "--log-format", "json", *(FAST_RETRIES if fast_retries else ()), *extra,
         ]
         self._process: subprocess.Popen[bytes] | None = None
 

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import socket
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from types import TracebackType
@@ -82,11 +83,13 @@ class KubeletEmulator:
         accept_no_version: bool = False,
         hang_register: bool = False,
         dial_timeout: float = DIAL_TIMEOUT,
+        wipe_at_start: bool = True,
     ) -> None:
         self.directory = Path(directory)
         self.model = load_model(model)
         self.wire = WireApi.load(self.model.generation)
         self.dial_timeout = dial_timeout
+        self.wipe_at_start = wipe_at_start
         self.registrations: list[RegistrationRecord] = []
         self.register_attempts: list[RegistrationRecord] = []
         self.removed_at_start: list[str] = []
@@ -124,11 +127,20 @@ class KubeletEmulator:
     # -- life cycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start like a kubelet: make the dir, wipe plugin sockets, serve kubelet.sock."""
+        """Start like a kubelet: make the dir, wipe plugin sockets, serve kubelet.sock.
+
+        With ``wipe_at_start=False`` the plugin sockets are left alone, as a kubelet whose
+        clean-up failed or that spares sockets would: the plugin must then notice the new
+        ``kubelet.sock`` itself. A stale ``kubelet.sock`` is replaced, as every kubelet does.
+        """
         if self._server is not None:
             raise RuntimeError("emulated kubelet already running")
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.removed_at_start = clean_directory(self.directory)
+        if self.wipe_at_start:
+            self.removed_at_start = clean_directory(self.directory)
+        else:
+            self.removed_at_start = []
+            self.socket_path.unlink(missing_ok=True)
         server = grpc.aio.server()
         server.add_generic_rpc_handlers(self._service.handlers())
         server.add_insecure_port(f"unix:{self.socket_path}")
@@ -141,6 +153,24 @@ class KubeletEmulator:
 
     async def stop(self) -> None:
         """Stop like a kubelet going down: drop the server and streams, remove kubelet.sock."""
+        if await self._go_down():
+            log.info("kubelet %s stopped", self.model.name)
+        self.socket_path.unlink(missing_ok=True)
+
+    async def crash(self) -> None:
+        """Go down like a kubelet killed with SIGKILL: connections drop, ``kubelet.sock`` stays.
+
+        Nothing is said to the plugins, and the socket file is left behind with nobody
+        listening on it, so a plugin registering against it gets "connection refused".
+        """
+        if await self._go_down():
+            self.socket_path.unlink(missing_ok=True)  # gRPC removes it; put a dead one back
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as dead:
+                dead.bind(str(self.socket_path))
+            log.info("kubelet %s crashed; %s left behind", self.model.name, self.socket_path)
+
+    async def _go_down(self) -> bool:
+        """Drop the server, the streams and the devices; whether the kubelet was running."""
         server, self._server = self._server, None
         if server is not None:
             await server.stop(0)
@@ -153,10 +183,8 @@ class KubeletEmulator:
         for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        self.socket_path.unlink(missing_ok=True)
         self._notify()
-        if server is not None:
-            log.info("kubelet %s stopped", self.model.name)
+        return server is not None
 
     async def __aenter__(self) -> KubeletEmulator:
         await self.start()
