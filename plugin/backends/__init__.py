@@ -40,7 +40,7 @@ def uevent_subsystems(backend: Backend) -> tuple[str, ...]:
     """The uevent subsystems worth a rescan for ``backend`` (none for static backends)."""
     if backend.static:
         return ()
-    return tuple(getattr(backend, "uevent_subsystems", ()))
+    return tuple(backend.uevent_subsystems)
 
 
 __all__ = [

@@ -1,50 +1,74 @@
 """``--backend auto``: serve whatever accelerators the node has, or none without failing.
 
 One DaemonSet usually runs on every node of a mixed cluster, so the backend cannot be chosen
-per node by hand. Each scan asks the Intel backend first and falls back to AWS F1 slots;
-the choice is remade on every scan, so a card whose driver loads late is still found. A
-node without any FPGA serves zero devices and says so once (again only after devices have
-come and gone), instead of exiting and crash-looping the DaemonSet.
+per node by hand. Every scan asks each family's backend and serves what all of them found,
+so a card whose driver loads late is still found, and a node with more than one family is
+served whole. A node without any FPGA serves zero devices and says so once (again only
+after devices have come and gone), instead of exiting and crash-looping the DaemonSet.
+
+A composite offers every ability of its parts (see ``plugin.backends.base.ABILITIES``):
+``--backend auto`` must react as fast as the backend it stands for.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from plugin.backends.aws import AwsF1Backend
-from plugin.backends.base import BackendConfig
+from plugin.backends.base import Backend, BackendConfig
 from plugin.backends.intel import IntelBackend
 from plugin.model import Device
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 
-class AutoBackend:
-    name = "auto"
-    static = False
 
-    def __init__(self, config: BackendConfig) -> None:
-        self.intel = IntelBackend(config)
-        self.aws = AwsF1Backend(config)
-        self.uevent_subsystems = tuple(
-            dict.fromkeys(self.intel.uevent_subsystems + self.aws.uevent_subsystems)
-        )
+class CompositeBackend:
+    """Several backends served as one; each ability is the ordered union of the parts'."""
+
+    def __init__(self, name: str, parts: Sequence[Backend], nothing_found: str) -> None:
+        self.name = name
+        self.parts = tuple(parts)
+        self.static = all(part.static for part in self.parts)
+        self.uevent_subsystems = _union(p.uevent_subsystems for p in self.parts)
+        self._nothing_found = nothing_found
         self._lock = threading.Lock()
         self._said_empty = False
 
     def scan(self) -> list[Device]:
-        devices = self.intel.scan() or self.aws.scan()
+        devices = [device for part in self.parts for device in part.scan()]
         with self._lock:
             if devices:
                 self._said_empty = False
             elif not self._said_empty:
                 self._said_empty = True
-                places = ", ".join(str(p) for p in self.intel.places() + self.aws.places())
-                log.info("no Intel FPGA port and no AWS F1 slot found (looked in %s); "
-                         "serving zero devices until one appears", places)
+                places = ", ".join(str(p) for p in self.places())
+                log.info("%s (looked in %s); no devices to serve until one appears",
+                         self._nothing_found, places)
         return devices
 
     def watch_paths(self) -> list[Path]:
-        return list(dict.fromkeys(self.intel.watch_paths() + self.aws.watch_paths()))
+        return list(_union(p.watch_paths() for p in self.parts))
+
+    def health_files(self) -> list[Path]:
+        return list(_union(p.health_files() for p in self.parts))
+
+    def places(self) -> list[Path]:
+        return list(_union(p.places() for p in self.parts))
+
+
+def _union(groups: Iterable[Iterable[T]]) -> tuple[T, ...]:
+    return tuple(dict.fromkeys(item for group in groups for item in group))
+
+
+class AutoBackend(CompositeBackend):
+    def __init__(self, config: BackendConfig) -> None:
+        self.intel = IntelBackend(config)
+        self.aws = AwsF1Backend(config)
+        super().__init__("auto", [self.intel, self.aws],
+                         "no Intel FPGA port and no AWS F1 slot found")

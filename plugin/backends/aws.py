@@ -78,6 +78,10 @@ class AwsF1Backend:
     def places(self) -> list[Path]:
         return [self.devices_dir]
 
+    def health_files(self) -> list[Path]:
+        """None: a slot's health changes only with events (functions and nodes come and go)."""
+        return []
+
     def _functions(self, warnings: list[str]) -> dict[PciAddress, PciFunction]:
         names = list_dir(self.devices_dir)
         if names is None:

@@ -6,18 +6,14 @@ the serving side (registration, API negotiation) with no hardware at all.
 
 from __future__ import annotations
 
-from pathlib import Path
-
+from plugin.backends.base import Deviceless
 from plugin.model import Device
 
 
-class NoDevicesBackend:
+class NoDevicesBackend(Deviceless):
     name = "none"
     static = True
-    uevent_subsystems: tuple[str, ...] = ()
 
     def scan(self) -> list[Device]:
         return []
 
-    def watch_paths(self) -> list[Path]:
-        return []

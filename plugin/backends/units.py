@@ -6,17 +6,15 @@ IDs, resource name and ``ACCELERATOR_UNITS`` value are exactly what the b<>com p
 
 from __future__ import annotations
 
-from pathlib import Path
-
+from plugin.backends.base import Deviceless
 from plugin.model import Device
 
 MAX_UNITS = 4096
 
 
-class UnitsBackend:
+class UnitsBackend(Deviceless):
     name = "units"
     static = True
-    uevent_subsystems: tuple[str, ...] = ()
 
     def __init__(self, nb_units: int) -> None:
         if not 0 <= nb_units <= MAX_UNITS:
@@ -29,5 +27,3 @@ class UnitsBackend:
             for i in range(self.nb_units)
         ]
 
-    def watch_paths(self) -> list[Path]:
-        return []
