@@ -41,6 +41,10 @@ KUBELET_SOCKET = "kubelet.sock"
 ADAPTER_CLASSES: tuple[type[Adapter], ...] = (V1Beta1, V1Alpha2, V1Alpha1)
 _VERSION_REFUSALS = ("not supported by kubelet", "unsupported api version")
 _TRANSIENT_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+FRESH_CONNECTION = (("grpc.use_local_subchannel_pool", 1),)
+"""gRPC shares connections to one address between channels, and with them the reconnect
+back-off of a failed one (up to two minutes): a kubelet that refused connections while it
+was down would then be "unreachable" for a while after it is back. Each Register dials anew."""
 
 
 class NegotiationError(Exception):
@@ -113,7 +117,8 @@ async def register_once(
     if not kubelet.exists():
         raise TransientFailure(f"{kubelet} does not exist (kubelet not running?)")
     request = adapter.register_request(resource_name, endpoint)
-    async with grpc.aio.insecure_channel(f"unix://{kubelet.absolute()}") as channel:
+    target = f"unix://{kubelet.absolute()}"
+    async with grpc.aio.insecure_channel(target, options=FRESH_CONNECTION) as channel:
         register = client_call(channel, adapter.register_method)
         try:
             await register(request, timeout=timeout)

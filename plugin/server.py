@@ -2,7 +2,9 @@
 
 Lifecycle of a :class:`ResourceServer`, repeated until it is stopped:
 
-1. bind ``<dir>/<socket>`` (a stale file is removed) and confirm it answers;
+1. bind ``<dir>/<socket>`` and confirm it answers. A stale file is removed, but a socket
+   another live process answers on is never touched: the server waits, and takes the path
+   over as soon as that process is gone (see :mod:`plugin.socket_claim`);
 2. negotiate: offer each generation newest first, switching the socket to that generation
    before offering it, because recent kubelets dial back during Register;
 3. hold: serve ListAndWatch/Allocate until the kubelet restarts, which shows as our socket
@@ -11,7 +13,9 @@ Lifecycle of a :class:`ResourceServer`, repeated until it is stopped:
    is met with a fresh negotiation and no process restart.
 
 A round that ends unregistered (kubelet absent, refusing every generation, hanging) is retried
-with a growing pause that a new ``kubelet.sock`` cuts short. The server never exits on its own.
+with a growing pause. A new ``kubelet.sock`` cuts short whatever the round is doing (a
+pause, a retry back-off, a call to a dead kubelet) and starts a fresh round at once, so a
+kubelet is met within milliseconds of appearing. The server never exits on its own.
 """
 
 from __future__ import annotations
@@ -40,6 +44,13 @@ from api_versions.retry import RetryPolicy
 from plugin import metrics
 from plugin.dirwatch import Change, DirEvent
 from plugin.feed import DeviceFeed
+from plugin.socket_claim import (
+    PathState,
+    SocketHeld,
+    directory_lock,
+    probe,
+    remove_stale,
+)
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +93,12 @@ class Timing:
     round_backoff_max: float = 30.0
     confirm_timeout: float = 2.0
     stop_grace: float = 0.05
+    holder_poll: float = 0.25
+    """How often a server waiting for another process's socket checks that it is still live."""
+    handover_settle: float = 0.1
+    """Pause between taking over a socket and registering, so the kubelet has processed the
+    previous holder's stream end first (kubelets before kubernetes#135437 drop a newer
+    registration of the same resource when the older stream's end is handled after it)."""
 
 
 class ResourceServer:
@@ -111,6 +128,9 @@ class ResourceServer:
         self._registered_with: FileIdentity | None = None
         self._restart = asyncio.Event()
         self._kubelet_appeared = asyncio.Event()
+        self._socket_freed = asyncio.Event()
+        self._round_target: FileIdentity | None = None
+        self._waited_for: SocketHeld | None = None
         self._stop = asyncio.Event()
 
     # The ServedResource protocol the adapters read.
@@ -140,12 +160,20 @@ class ResourceServer:
             self._restart.clear()
             try:
                 await self._serve()
-            except Exception:
-                log.exception("%s: cannot serve on %s; retrying", self.resource_name,
-                              self.socket_path)
+            except SocketHeld as held:
+                await self._wait_for_holder(held)
+                continue
+            except Exception as exc:
+                log.error("%s: cannot serve on %s: %s; retrying", self.resource_name,
+                          self.socket_path, _reason(exc))
                 await self._unserve()
                 await self._pause(self.timing.round_backoff_max / 10)
                 continue
+            if self._waited_for is not None:
+                log.info("%s: took over %s from %s", self.resource_name, self.socket_path,
+                         self._waited_for.probe.describe())
+                self._waited_for = None
+                await self._pause(self.timing.handover_settle, wake_on_kubelet=False)
             holder = asyncio.create_task(self._register_and_hold())
             waiters = [asyncio.create_task(self._restart.wait()),
                        asyncio.create_task(self._stop.wait())]
@@ -156,24 +184,62 @@ class ResourceServer:
                     task.cancel()
                 await asyncio.gather(holder, *waiters, return_exceptions=True)
                 await self._unserve()
+            if holder.done() and not holder.cancelled() and holder.exception() is not None:
+                raise holder.exception()  # type: ignore[misc]
             if self._restart.is_set() and not self._stop.is_set():
-                log.info("%s: kubelet restarted; serving and negotiating again",
-                         self.resource_name)
+                log.info("%s: serving and negotiating again", self.resource_name)
 
     def stop(self) -> None:
         self._stop.set()
 
+    def stopped(self) -> bool:
+        return self._stop.is_set()
+
+    def restart(self, reason: str) -> None:
+        """Serve and register anew (SIGHUP): a fresh socket, a fresh negotiation."""
+        if self._server is not None and not self._restart.is_set():
+            log.info("%s: %s; serving and registering again", self.resource_name, reason)
+            self._restart.set()
+
+    async def _wait_for_holder(self, held: SocketHeld) -> None:
+        """Wait until the process serving our socket path is gone, without touching it."""
+        if self._waited_for is None:
+            log.warning(
+                "%s: %s; another instance of this plugin (a rolling update) or the plugin it "
+                "replaces is still running. Waiting for it to stop; taking over then.",
+                self.resource_name, held)
+        else:
+            log.debug("%s: still waiting: %s", self.resource_name, held)
+        self._waited_for = held
+        self._socket_freed.clear()
+        waiters = [asyncio.create_task(self._socket_freed.wait()),
+                   asyncio.create_task(self._stop.wait())]
+        try:
+            await asyncio.wait(waiters, timeout=self.timing.holder_poll,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in waiters:
+                task.cancel()
+
     def on_dir_event(self, event: DirEvent) -> None:
         """React to a change in the device-plugin directory (see the module docstring)."""
         ours_deleted = event.name == self.socket_name and event.change is Change.DELETED
-        if event.change in (Change.DIRECTORY_GONE, Change.OVERFLOW) or ours_deleted:
-            self.check()
-        elif event.name == KUBELET_SOCKET and event.change is Change.CREATED:
-            self._kubelet_appeared.set()
+        if ours_deleted:
+            self._socket_freed.set()
+        kubelet_created = event.name == KUBELET_SOCKET and event.change is Change.CREATED
+        if event.change in (Change.DIRECTORY_GONE, Change.OVERFLOW) or ours_deleted \
+                or kubelet_created:
             self.check()
 
     def check(self) -> None:
-        """Request a restart if our socket is gone or the kubelet socket was replaced."""
+        """Request a restart if our socket is gone or the kubelet socket was replaced.
+
+        While not registered, a ``kubelet.sock`` other than the one the current round
+        targets (a kubelet that started since) starts a fresh round at once.
+        """
+        kubelet_now = identity(self.directory / KUBELET_SOCKET)
+        if self._registered_with is None and kubelet_now not in (None, self._round_target):
+            self._kubelet_appeared.set()
         if self._server is None or self._restart.is_set():
             return
         if identity(self.socket_path) != self._served:
@@ -182,7 +248,7 @@ class ResourceServer:
             self._restart.set()
             return
         if self._registered_with is not None:
-            current = identity(self.directory / KUBELET_SOCKET)
+            current = kubelet_now
             if current is not None and current != self._registered_with:
                 log.info("%s: %s was created anew (kubelet restart?)", self.resource_name,
                          KUBELET_SOCKET)
@@ -204,16 +270,22 @@ class ResourceServer:
 
     async def _serve(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            self.socket_path.unlink()
-        server = grpc.aio.server()
-        server.add_generic_rpc_handlers([self._router])
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        server.add_insecure_port(f"unix://{self.socket_path.absolute()}")
-        await server.start()
-        self._server = server
-        self._served = identity(self.socket_path)
-        async with grpc.aio.insecure_channel(f"unix://{self.socket_path.absolute()}") as channel:
+        target = f"unix://{self.socket_path.absolute()}"
+        async with directory_lock(self.directory):
+            found = probe(self.socket_path)
+            if found.state is PathState.LIVE:
+                raise SocketHeld(self.socket_path, found)
+            if found.state is PathState.STALE and remove_stale(self.socket_path):
+                log.info("%s: removed stale %s (nothing was serving it)", self.resource_name,
+                         self.socket_path)
+            server = grpc.aio.server()
+            server.add_generic_rpc_handlers([self._router])
+            health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+            server.add_insecure_port(target)
+            await server.start()
+            self._server = server
+            self._served = identity(self.socket_path)
+        async with grpc.aio.insecure_channel(target) as channel:
             await asyncio.wait_for(channel.channel_ready(), self.timing.confirm_timeout)
         log.debug("%s: serving on %s", self.resource_name, self.socket_path)
 
@@ -233,28 +305,54 @@ class ResourceServer:
     async def _register_and_hold(self) -> None:
         pause = self.timing.round_backoff_initial
         while True:
-            self._kubelet_appeared.clear()
-            try:
-                adapter = await negotiate(
-                    self.directory,
-                    self.candidates,
-                    self.resource_name,
-                    self.socket_name,
-                    self.policy,
-                    before_attempt=self._offer,
-                )
-            except NegotiationError as failure:
-                metrics.negotiation_failed(self.resource_name, type(failure).__name__)
-                self._report(failure, pause)
+            adapter = await self._round()
+            if isinstance(adapter, NegotiationError):
+                metrics.negotiation_failed(self.resource_name, type(adapter).__name__)
+                self._report(adapter, pause)
                 await self._pause(pause)
                 pause = min(pause * 2, self.timing.round_backoff_max)
                 continue
-            self._registered_with = identity(self.directory / KUBELET_SOCKET)
+            if adapter is None:
+                pause = self.timing.round_backoff_initial
+                continue
             self.generation = adapter.name
             self.registrations += 1
             metrics.registered(self.resource_name, adapter.name, self._generation_names)
             await self._stop.wait()
             return
+
+    async def _round(self) -> Adapter | NegotiationError | None:
+        """One negotiation round: the adapter, why it failed, or None if a kubelet came.
+
+        The round is abandoned the moment a different ``kubelet.sock`` appears: whatever it
+        was doing (a back-off between retries, a Register to a kubelet that has just died)
+        can only delay meeting the new kubelet.
+        """
+        self._round_target = identity(self.directory / KUBELET_SOCKET)
+        self._kubelet_appeared.clear()
+        attempt = asyncio.create_task(negotiate(
+            self.directory, self.candidates, self.resource_name, self.socket_name,
+            self.policy, before_attempt=self._offer,
+        ))
+        appeared = asyncio.create_task(self._kubelet_appeared.wait())
+        try:
+            await asyncio.wait([attempt, appeared], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            appeared.cancel()
+            if not attempt.done():
+                attempt.cancel()
+            await asyncio.gather(attempt, appeared, return_exceptions=True)
+        if attempt.cancelled():
+            log.info("%s: a new kubelet.sock appeared; negotiating with it at once",
+                     self.resource_name)
+            return None
+        failure = attempt.exception()
+        if failure is None:
+            self._registered_with = self._round_target
+            return attempt.result()
+        if not isinstance(failure, NegotiationError):
+            raise failure
+        return failure
 
     def _offer(self, adapter: Adapter) -> None:
         self._router.activate(adapter.handlers(self))
@@ -262,15 +360,24 @@ class ResourceServer:
     def _report(self, failure: NegotiationError, pause: float) -> None:
         tried = ", ".join(a.name for a in self.candidates)
         level = logging.ERROR if isinstance(failure, NoGenerationAccepted) else logging.WARNING
-        log.log(level, "%s: not registered (tried %s): %s; next round in %.1fs or when "
-                "kubelet.sock appears", self.resource_name, tried, failure, pause)
+        log.log(level, "%s: not registered (tried %s): %s; next round in %.1fs, or at once "
+                "when a new kubelet.sock appears", self.resource_name, tried, failure, pause)
 
-    async def _pause(self, seconds: float) -> None:
+    async def _pause(self, seconds: float, wake_on_kubelet: bool = True) -> None:
         """Sleep ``seconds`` (with a little jitter), cut short by a new kubelet or a stop."""
-        waiters = [asyncio.create_task(self._kubelet_appeared.wait()),
-                   asyncio.create_task(self._stop.wait())]
+        waiters = [asyncio.create_task(self._stop.wait())]
+        if wake_on_kubelet:
+            waiters.append(asyncio.create_task(self._kubelet_appeared.wait()))
         try:
-            await asyncio.wait(waiters, timeout=seconds * random.uniform(0.9, 1.1))
+            await asyncio.wait(waiters, timeout=seconds * random.uniform(0.9, 1.1),
+                               return_when=asyncio.FIRST_COMPLETED)
         finally:
             for task in waiters:
                 task.cancel()
+
+
+def _reason(exc: BaseException) -> str:
+    """One line for a failure to serve: the OS error text, or the exception itself."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.strerror} ({exc.filename or exc.__class__.__name__})"
+    return f"{type(exc).__name__}: {exc}"
