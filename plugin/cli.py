@@ -47,7 +47,8 @@ def serve(settings: Settings) -> int:
     from plugin.triggers import triggers_for
 
     backend = _backend(settings)
-    return asyncio.run(Daemon(settings, backend, triggers=triggers_for(backend)).run())
+    daemon = Daemon(settings, backend, triggers=triggers_for(backend), owns_process=True)
+    return asyncio.run(daemon.run())
 
 
 def discover(settings: Settings) -> int:

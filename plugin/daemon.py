@@ -2,6 +2,8 @@
 
 Owns the few node-wide loops (device monitor, kubelet-directory watcher, safety-net checks,
 liveness heartbeat, signals) and one :class:`~plugin.server.ResourceServer` per resource name.
+Every loop runs supervised (:mod:`plugin.supervise`): one that fails or ends is logged and
+restarted, never left dead while the process looks healthy.
 Resources appear and disappear with the devices (per-AFU mode); in single mode there is
 always exactly one, even with zero devices, so the kubelet sees a count of 0 rather than a
 plugin that never registered.
@@ -10,11 +12,9 @@ plugin that never registered.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +28,8 @@ from plugin.model import DeviceSet
 from plugin.monitor import DeviceMonitor, TriggerSource
 from plugin.resources import group_by_resource, socket_name_for
 from plugin.server import ResourceServer, Timing
+from plugin.signals import Meaning, SignalRouter, name_of
+from plugin.supervise import supervise
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +48,16 @@ class Daemon:
     triggers: Sequence[TriggerSource] = ()
     timing: Timing = field(default_factory=Timing)
     resources: dict[str, _Resource] = field(default_factory=dict)
+    owns_process: bool = False
+    """True for the ``serve`` command: once stopped, the process ignores further signals
+    until it has exited (in-process users get their own signal handlers back instead)."""
 
     def __post_init__(self) -> None:
         self._stop = asyncio.Event()
         self._stopping: set[asyncio.Task[None]] = set()
         self.candidates = adapters(self.settings.api_versions)
+        self._signals = SignalRouter(self._on_signal)
+        self._monitor: DeviceMonitor | None = None
 
     @property
     def directory(self) -> Path:
@@ -60,21 +67,38 @@ class Daemon:
         self._stop.set()
 
     async def run(self) -> int:
-        """Serve until SIGTERM/SIGINT or :meth:`stop`; return the process exit code."""
-        self._install_signal_handlers()
+        """Serve until SIGTERM/SIGINT/SIGQUIT or :meth:`stop`; return the process exit code."""
+        self._signals.install()
+        try:
+            return await self._serve_until_stopped()
+        finally:
+            self._signals.release(ignore=self.owns_process)
+
+    async def _serve_until_stopped(self) -> int:
         self._enable_metrics()
         log.info("starting: backend %s, generations %s, directory %s", self.backend.name,
                  ",".join(a.name for a in self.candidates), self.directory)
         monitor = DeviceMonitor(self.backend, self.settings.rescan_interval, self.triggers,
                                 health_interval=self.settings.health_interval)
-        loops: list[Callable[[], object]] = [
-            lambda: monitor.run(self._publish),
-            self._watch_kubelet_dir,
-            self._safety_net,
-        ]
+        self._monitor = monitor
+
+        async def follow_devices() -> None:
+            await monitor.run(self._publish)
+            if self.backend.static:  # one snapshot is all a static backend ever has
+                await self._stop.wait()
+
+        loops: dict[str, tuple[Callable[[], Awaitable[object]], float]] = {
+            "device monitor": (follow_devices, MAX_LOOP_DELAY),
+            "kubelet directory watcher": (self._watch_kubelet_dir, WATCHER_MAX_DELAY),
+            "kubelet safety-net check": (self._safety_net, MAX_LOOP_DELAY),
+        }
         if self.settings.heartbeat_file is not None:
-            loops.append(self._heartbeat)
-        tasks = [asyncio.create_task(loop()) for loop in loops]  # type: ignore[arg-type]
+            loops["liveness heartbeat"] = (self._heartbeat, MAX_LOOP_DELAY)
+        tasks = [
+            asyncio.create_task(
+                supervise(name, body, finished=self._stop.is_set, max_delay=delay), name=name)
+            for name, (body, delay) in loops.items()
+        ]
         try:
             await self._stop.wait()
         finally:
@@ -85,6 +109,7 @@ class Daemon:
             for name in list(self.resources):
                 self._withdraw(name)
             await self._drain()
+        log.info("stopped; sockets removed")
         return 0
 
     async def _publish(self, node: DeviceSet) -> None:
@@ -116,9 +141,12 @@ class Daemon:
             policy=self.settings.retry,
             timing=self.timing,
         )
-        task = asyncio.create_task(server.run(), name=f"resource {name}")
+        task = asyncio.create_task(
+            supervise(f"server of {name}", server.run, finished=server.stopped),
+            name=f"resource {name}")
         self.resources[name] = _Resource(feed, server, task)
-        log.info("%s: serving %d devices on %s", name, len(devices), server.socket_path)
+        log.info("%s: serving %s on %s", name, count(len(devices), "device"),
+                 server.socket_path)
 
     def _withdraw(self, name: str) -> None:
         """Stop serving ``name``; its server finishes in the background (see ``_drain``)."""
@@ -144,12 +172,18 @@ class Daemon:
                               exc_info=task.exception())
 
     async def _watch_kubelet_dir(self) -> None:
-        """Forward every change in the device-plugin directory to the resource servers."""
+        """Forward every change in the device-plugin directory to the resource servers.
+
+        Raises when the directory cannot be created or watched (a read-only parent, say);
+        the supervisor logs that and calls this again, so the watch is re-armed as soon as
+        the directory can be watched. Meanwhile the safety net still notices restarts.
+        """
         watcher = DirectoryWatcher()
         try:
             while True:
                 self.directory.mkdir(parents=True, exist_ok=True)
-                watcher.watch(self.directory)
+                if watcher.available and not watcher.watch(self.directory):
+                    raise OSError(f"cannot watch {self.directory}")
                 async for event in watcher.events():
                     for resource in list(self.resources.values()):
                         resource.server.on_dir_event(event)
@@ -158,6 +192,9 @@ class Daemon:
                 else:
                     # inotify unavailable: the safety net does all the work.
                     await self._stop.wait()
+                # The directory was removed or replaced: tell the servers, then watch anew.
+                for resource in list(self.resources.values()):
+                    resource.server.check()
         finally:
             watcher.close()
 
@@ -192,15 +229,55 @@ class Daemon:
             log.error("metrics disabled: cannot listen on %s:%d: %s",
                       self.settings.metrics_address, self.settings.metrics_port, exc)
 
-    def _install_signal_handlers(self) -> None:
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(signum, self._on_signal, signum)
+    def _on_signal(self, signum: int, meaning: Meaning) -> None:
+        name = name_of(signum)
+        if meaning is Meaning.STOP:
+            if self._stop.is_set():
+                log.info("received %s; already stopping", name)
+                return
+            log.info("received %s; stopping", name)
+            self.stop()
+        elif self._stop.is_set():
+            log.info("received %s while stopping; ignored", name)
+        elif meaning is Meaning.RELOAD:
+            log.info("received %s: rescanning devices and registering again", name)
+            self._rescan(name)
+            for resource in list(self.resources.values()):
+                resource.server.restart(f"{name} received")
+        elif meaning is Meaning.STATUS:
+            log.info("received %s: rescanning devices; status follows", name)
+            self._rescan(name)
+            self._log_status()
+        else:
+            log.warning("received %s; ignored (SIGTERM stops the plugin, SIGHUP re-registers "
+                        "it)", name)
 
-    def _on_signal(self, signum: int) -> None:
-        log.info("received %s", signal.Signals(signum).name)
-        self.stop()
+    def _rescan(self, reason: str) -> None:
+        if self._monitor is not None:
+            self._monitor.request_scan(reason)
+
+    def _log_status(self) -> None:
+        if not self.resources:
+            log.info("status: no resource served")
+        for name, resource in self.resources.items():
+            devices = resource.feed.current
+            healthy = len(devices.healthy_ids())
+            server = resource.server
+            state = (f"registered through {server.generation}" if server.generation
+                     else "not registered")
+            log.info("status: %s on %s: %s, %s (%d healthy), %d registrations so far", name,
+                     server.socket_path, state, count(len(devices), "device"), healthy,
+                     server.registrations)
+
+
+def count(number: int, noun: str) -> str:
+    """``1 device``, ``0 devices``, ``6 devices``."""
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
+MAX_LOOP_DELAY = 30.0
+WATCHER_MAX_DELAY = 2.0
+"""A directory watcher that cannot be armed is retried at least this often."""
 
 
 def heartbeat_fresh(path: Path, max_age: float) -> tuple[bool, str]:

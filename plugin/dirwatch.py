@@ -57,6 +57,11 @@ class DirectoryWatcher:
             log.warning("inotify unavailable (%s); relying on periodic checks only", exc)
             self._inotify = None
 
+    @property
+    def available(self) -> bool:
+        """Whether inotify works here at all (a container may have no instances left)."""
+        return self._inotify is not None
+
     def watch(self, directory: Path) -> bool:
         """Start watching ``directory``; False (not an error) if it does not exist yet."""
         if self._inotify is None:

@@ -104,6 +104,11 @@ class DeviceMonitor:
             await asyncio.gather(*tasks, return_exceptions=True)
             watcher.close()
 
+    def request_scan(self, reason: str) -> None:
+        """Scan again soon (SIGHUP, SIGUSR1), as if a watched directory had changed."""
+        log.debug("rescan: %s", reason)
+        self._wake.set()
+
     def _announce(self, snapshot: DeviceSet) -> None:
         if self._last is None:
             if len(snapshot) == 0:

@@ -199,7 +199,7 @@ async def test_a_socket_that_cannot_be_served_is_retried_not_fatal(root: Path) -
     assert not (blocked / "a.sock").exists()
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGQUIT])
 def test_signal_stops_serve_cleanly(root: Path, signum: int) -> None:
     directory = root / "dp"
     process = subprocess.Popen(
@@ -221,7 +221,7 @@ def test_signal_stops_serve_cleanly(root: Path, signum: int) -> None:
     assert process.returncode == 0
     assert not (directory / "accelerator.sock").exists()
     lines = [json.loads(line) for line in err.splitlines()]
-    assert lines[-1]["message"] == "stopping"
+    assert [e["message"] for e in lines[-2:]] == ["stopping", "stopped; sockets removed"]
 
 
 async def test_garbage_on_the_wire_is_answered_and_the_daemon_keeps_serving(root, running) -> None:
