@@ -49,8 +49,9 @@ class Daemon:
     timing: Timing = field(default_factory=Timing)
     resources: dict[str, _Resource] = field(default_factory=dict)
     owns_process: bool = False
-    """True for the ``serve`` command: once stopped, the process ignores further signals
-    until it has exited (in-process users get their own signal handlers back instead)."""
+    """True for the ``serve`` command: every signal is handled (see :mod:`plugin.signals`)
+    and, once stopped, ignored until the process has exited. In-process users (tests, the
+    demo) only lend their stop signals, and get their own handlers back afterwards."""
 
     def __post_init__(self) -> None:
         self._stop = asyncio.Event()
@@ -68,7 +69,7 @@ class Daemon:
 
     async def run(self) -> int:
         """Serve until SIGTERM/SIGINT/SIGQUIT or :meth:`stop`; return the process exit code."""
-        self._signals.install()
+        self._signals.install(everything=self.owns_process)
         try:
             return await self._serve_until_stopped()
         finally:

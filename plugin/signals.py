@@ -75,13 +75,17 @@ class SignalRouter:
         self._handler = handler
         self._previous: dict[int, _Disposition] = {}
 
-    def install(self) -> None:
-        """Take over the signals (only possible in the main thread; elsewhere a no-op)."""
+    def install(self, everything: bool = True) -> None:
+        """Take over the signals (only possible in the main thread; elsewhere a no-op).
+
+        ``everything=False`` takes only the stop signals, for a daemon run inside another
+        program (tests, the demo) that keeps its own use of SIGALRM and the like.
+        """
         if threading.current_thread() is not threading.main_thread():
             log.debug("not in the main thread; signal handling left to the caller")
             return
         loop = asyncio.get_running_loop()
-        table = meanings()
+        table = {s: m for s, m in meanings().items() if everything or m is Meaning.STOP}
 
         def deliver(signum: int, _frame: FrameType | None) -> None:
             with contextlib.suppress(RuntimeError):  # the loop is already closed
