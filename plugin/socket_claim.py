@@ -37,7 +37,7 @@ _UCRED = struct.Struct("3i")
 class PathState(Enum):
     ABSENT = "absent"
     STALE = "stale"
-    """A socket file nobody listens on (its server was killed), or a non-socket file."""
+    """A socket file nobody listens on (its server was killed), or something not a socket."""
     LIVE = "live"
 
 
@@ -70,10 +70,8 @@ def probe(path: Path) -> Probe:
         return Probe(PathState.ABSENT)
     except OSError:
         return Probe(PathState.STALE)
-    if stat.S_ISDIR(mode):
-        return Probe(PathState.LIVE)  # never ours to delete; binding will report why
     if not stat.S_ISSOCK(mode):
-        return Probe(PathState.STALE)
+        return Probe(PathState.STALE)  # a directory there fails to unlink, and says why
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
         client.settimeout(PROBE_TIMEOUT_SECONDS)
         try:
