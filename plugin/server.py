@@ -48,8 +48,9 @@ from plugin.socket_claim import (
     PathState,
     SocketHeld,
     directory_lock,
+    move_into_place,
     probe,
-    remove_stale,
+    staging_path,
 )
 
 log = logging.getLogger(__name__)
@@ -270,21 +271,23 @@ class ResourceServer:
 
     async def _serve(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        target = f"unix://{self.socket_path.absolute()}"
         async with directory_lock(self.directory):
             found = probe(self.socket_path)
             if found.state is PathState.LIVE:
                 raise SocketHeld(self.socket_path, found)
-            if found.state is PathState.STALE and remove_stale(self.socket_path):
-                log.info("%s: removed stale %s (nothing was serving it)", self.resource_name,
+            if found.state is PathState.STALE:
+                log.info("%s: replacing stale %s (nothing was serving it)", self.resource_name,
                          self.socket_path)
+            staged = staging_path(self.socket_path)
             server = grpc.aio.server()
             server.add_generic_rpc_handlers([self._router])
             health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-            server.add_insecure_port(target)
+            server.add_insecure_port(f"unix://{staged.absolute()}")
             await server.start()
             self._server = server
+            move_into_place(staged, self.socket_path)
             self._served = identity(self.socket_path)
+        target = f"unix://{self.socket_path.absolute()}"
         async with grpc.aio.insecure_channel(target) as channel:
             await asyncio.wait_for(channel.channel_ready(), self.timing.confirm_timeout)
         log.debug("%s: serving on %s", self.resource_name, self.socket_path)

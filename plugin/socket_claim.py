@@ -11,7 +11,8 @@ The newcomer waits (see :class:`plugin.server.ResourceServer`) and takes the pat
 holder is gone: its socket deleted on a clean stop, or refusing connections after a crash.
 Probing and binding happen under an exclusive ``flock`` on the directory itself (a file of
 our own there would be deleted by a starting kubelet), so two instances of this plugin that
-race for a freed path cannot both win.
+race for a freed path cannot both win; the socket is bound under a private name and renamed
+into place (see :func:`staging_path`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import asyncio
 import contextlib
 import errno
 import fcntl
+import itertools
 import os
 import socket
 import stat
@@ -121,10 +123,23 @@ async def directory_lock(directory: Path) -> AsyncIterator[None]:
         os.close(fd)  # closing drops the lock
 
 
-def remove_stale(path: Path) -> bool:
-    """Remove a file at ``path`` that nobody serves; whether something was removed."""
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        return False
-    return True
+MAX_UNIX_PATH = 107
+_binds = itertools.count()
+
+
+def staging_path(final: Path) -> Path:
+    """Where to bind before renaming the socket into place (``final`` if that is too long).
+
+    gRPC removes the path it bound when its server stops. Bound at ``final``, stopping a
+    server whose socket was meanwhile replaced (by a kubelet restart and another instance)
+    would delete the other instance's live socket. Bound under a private name and renamed,
+    the server's stop removes nothing, and ``final`` never goes missing during a bind.
+    """
+    staged = final.with_name(f".{os.getpid()}-{next(_binds)}.bind")
+    return staged if len(str(staged.absolute())) <= MAX_UNIX_PATH else final
+
+
+def move_into_place(staged: Path, final: Path) -> None:
+    """Atomically put the bound socket at ``final`` (replacing a stale file there)."""
+    if staged != final:
+        os.rename(staged, final)
