@@ -153,7 +153,7 @@ class DeviceMonitor:
     async def _watchdog(self, publish: Publish) -> None:
         """Name a call that is slow; past the stall timeout report every device Unhealthy."""
         slow_after = min(SLOW_CALL_SECONDS, self.stall_timeout / 2)
-        tick = min(0.25, slow_after / 2)
+        tick = min(0.5, slow_after / 4)
         named: Job | None = None
         while True:
             await asyncio.sleep(tick)
