@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any, ClassVar, Protocol
 
 import grpc
@@ -18,10 +18,11 @@ from google.protobuf.message import Message
 from packaging.version import Version
 
 from api_versions.wire import Method, WireApi, rpc_handler
+from api_versions.wire_values import ReportOnce, id_problem, shown_id
 from plugin import metrics
 from plugin.allocation import AllocationError, ContainerAllocation, allocate
 from plugin.feed import DeviceFeed
-from plugin.model import Device, DeviceNode, Mount
+from plugin.model import Device, DeviceNode, Health, Mount
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,7 @@ class Adapter(ABC):
 
     def __init__(self) -> None:
         self.wire = WireApi.load(self.name)
+        self._unsendable = ReportOnce(log)
 
     @property
     def order(self) -> Version:
@@ -89,14 +91,46 @@ class Adapter(ABC):
         ) -> AsyncIterator[Message]:
             log.info("%s: kubelet opened ListAndWatch (%s)", resource.resource_name, self.name)
             async for devices in resource.feed.subscribe():
-                yield self.wire.new(
-                    "ListAndWatchResponse", devices=[self.device_message(d) for d in devices]
-                )
+                yield self.list_response(devices)
 
         return {"ListAndWatch": list_and_watch, "Allocate": self.allocate_behaviour(resource)}
 
+    def list_response(self, devices: Iterable[Device]) -> Message:
+        """One ListAndWatch message; no device's values can make it fail for the others.
+
+        Each device is translated (and serialised, which is where protobuf would refuse a
+        value) on its own. A device with an ID that cannot be sent is left out: any other ID
+        would be one the kubelet cannot allocate. A device whose other values cannot be sent
+        goes as its bare ID, Unhealthy: the plugin does not vouch for what it cannot describe.
+        """
+        messages = []
+        for device in devices:
+            message = self._sendable(device)
+            if message is not None:
+                messages.append(message)
+        return self.wire.new("ListAndWatchResponse", devices=messages)
+
+    def _sendable(self, device: Device) -> Message | None:
+        device_id: object = getattr(device, "id", None)
+        problem = id_problem(device_id)
+        if problem:
+            self._unsendable.report(device_id, f"{self.name}: device ID {shown_id(device_id)} "
+                                    f"{problem}; leaving the device out of ListAndWatch")
+            return None
+        try:
+            message = self.device_message(device)
+            message.SerializeToString()
+            return message
+        except Exception as exc:
+            self._unsendable.report(
+                device_id, f"{self.name}: device {shown_id(device_id)} cannot be sent as it is "
+                f"({type(exc).__name__}: {str(exc)[:200]}); advertising it Unhealthy")
+        return self.wire.new("Device", ID=device_id, health=Health.UNHEALTHY.value)
+
     def device_message(self, device: Device) -> Message:
-        return self.wire.new("Device", ID=device.id, health=device.health.value)
+        """The generation's Device; health is always one of the two spellings kubelets know."""
+        health = Health.HEALTHY if device.health is Health.HEALTHY else Health.UNHEALTHY
+        return self.wire.new("Device", ID=device.id, health=health.value)
 
     @abstractmethod
     def allocate_behaviour(self, resource: ServedResource) -> Behaviour: ...

@@ -9,7 +9,7 @@ from google.protobuf.message import Message
 
 from api_versions.adapter import Adapter, Behaviour, ServedResource
 from plugin.allocation import preferred_allocation
-from plugin.model import Device
+from plugin.model import MAX_NUMA_NODES, Device
 
 
 class V1Beta1(Adapter):
@@ -32,11 +32,13 @@ class V1Beta1(Adapter):
         return {"options": self.options()}
 
     def device_message(self, device: Device) -> Message:
+        """The Device with its NUMA node; a node no kernel can have raises ValueError."""
         message = super().device_message(device)
-        if device.numa_node is not None:
-            topology = self.wire.new(
-                "TopologyInfo", nodes=[self.wire.new("NUMANode", ID=device.numa_node)]
-            )
+        numa = device.numa_node
+        if numa is not None:
+            if type(numa) is not int or not 0 <= numa < MAX_NUMA_NODES:
+                raise ValueError(f"NUMA node {numa!r:.40} is outside 0..{MAX_NUMA_NODES - 1}")
+            topology = self.wire.new("TopologyInfo", nodes=[self.wire.new("NUMANode", ID=numa)])
             message.topology.CopyFrom(topology)
         return message
 

@@ -42,6 +42,7 @@ class Settings:
     resource_prefix: str = "b-com.com"
     rescan_interval: float = 5.0
     health_interval: float = 0.5
+    scan_stall_timeout: float = 10.0
     kubelet_check_interval: float = 5.0
     heartbeat_file: Path | None = None
     heartbeat_interval: float = 10.0
@@ -197,6 +198,9 @@ def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
             help="seconds between safety-net rescans of sysfs")
     env.add("--health-interval", default=0.5, convert=_positive_float,
             help="seconds between re-reads of the files that decide health (AFU ID, errors)")
+    env.add("--scan-stall-timeout", default=10.0, convert=_positive_float,
+            help="seconds a sysfs scan or re-read may hang before every device is reported "
+            "Unhealthy (until scans complete again)")
     env.add("--kubelet-check-interval", default=5.0, convert=_positive_float,
             help="seconds between safety-net checks for a restarted kubelet")
     env.add("--register-timeout", default=15.0, convert=_positive_float,

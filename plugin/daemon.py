@@ -80,7 +80,8 @@ class Daemon:
         log.info("starting: backend %s, generations %s, directory %s", self.backend.name,
                  ",".join(a.name for a in self.candidates), self.directory)
         monitor = DeviceMonitor(self.backend, self.settings.rescan_interval, self.triggers,
-                                health_interval=self.settings.health_interval)
+                                health_interval=self.settings.health_interval,
+                                stall_timeout=self.settings.scan_stall_timeout)
         self._monitor = monitor
 
         async def follow_devices() -> None:

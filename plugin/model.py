@@ -11,6 +11,11 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+MAX_NUMA_NODES = 1024
+"""Linux builds with at most ``1 << CONFIG_NODES_SHIFT`` NUMA nodes, and that shift is at most
+10: a NUMA node is ``0..1023`` or it is not a NUMA node. Discovery reports anything else as
+unknown, and the wire adapters never send a topology outside this range."""
+
 
 class Health(StrEnum):
     """The two health values every API generation understands, spelled as on the wire."""
@@ -59,8 +64,10 @@ class Device:
     def __post_init__(self) -> None:
         if not self.id:
             raise ValueError("a device needs a non-empty id")
-        if self.numa_node is not None and self.numa_node < 0:
-            raise ValueError(f"device {self.id}: NUMA node {self.numa_node} is negative; use None")
+        if self.numa_node is not None and not 0 <= self.numa_node < MAX_NUMA_NODES:
+            raise ValueError(f"device {self.id}: NUMA node {self.numa_node} is outside "
+                             f"0..{MAX_NUMA_NODES - 1}; use None for unknown")
+        object.__setattr__(self, "health", Health(self.health))
         object.__setattr__(self, "attributes", tuple(sorted(dict(self.attributes).items())))
 
     @property

@@ -5,20 +5,31 @@ watched directory changes (device nodes created or removed) or the kernel announ
 (uevents); whenever one of the few files that decide health but give no event (a port's
 ``afu_id`` and error register) reads differently, checked every ``health_interval``; and
 every ``rescan_interval`` as the safety net for everything else. Bursts of events are folded
-into one scan. Scans and reads run in a worker thread so sysfs never stalls the event loop.
+into one scan.
+
+Scans and health re-reads run one at a time on a worker thread of their own (see
+:mod:`plugin.worker`), so sysfs never stalls the event loop, a read that never returns
+cannot stop the process from exiting, and no second read is queued behind a stuck one. A
+watchdog names a call that takes too long; past ``stall_timeout`` it reports every device
+Unhealthy, because a node whose health checking is stuck must not keep advertising Healthy,
+and the next scan that completes puts the real state back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from plugin.backends.base import Backend
+from plugin.backends.sysfs import read_contents, reading_now
 from plugin.dirwatch import DirectoryWatcher
-from plugin.model import Device, DeviceSet
+from plugin.model import Device, DeviceSet, Health
+from plugin.worker import BlockingWorker, Job
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +37,11 @@ Publish = Callable[[DeviceSet], Awaitable[None]]
 TriggerSource = Callable[[], AsyncIterator[str]]
 
 DEBOUNCE_SECONDS = 0.02
+STALL_TIMEOUT_SECONDS = 10.0
+"""Default time a scan or re-read may take before the devices are reported Unhealthy."""
+SLOW_CALL_SECONDS = 2.0
+"""A call this slow is logged as an error (at half the stall timeout if that is shorter);
+the 256-port scan takes about 50 ms."""
 
 
 class DeviceMonitor:
@@ -35,19 +51,29 @@ class DeviceMonitor:
         rescan_interval: float,
         triggers: Sequence[TriggerSource] = (),
         health_interval: float = 0.5,
+        stall_timeout: float = STALL_TIMEOUT_SECONDS,
     ) -> None:
         self.backend = backend
         self.rescan_interval = rescan_interval
         self.health_interval = health_interval
+        self.stall_timeout = stall_timeout
         self._health_reading: tuple[bytes | None, ...] = ()
         self.triggers = list(triggers)
         self._wake = asyncio.Event()
         self._last: DeviceSet | None = None
+        self._worker = BlockingWorker(f"{backend.name}-discovery")
+        self._sysfs = asyncio.Lock()
+        """Held while a call is on the worker: nothing is queued behind a stuck one."""
+        self._publishing = asyncio.Lock()
+        self._stalled: Job | None = None
+        """The call that made the monitor report every device Unhealthy, until a scan ends."""
 
     async def scan(self) -> DeviceSet:
         """One scan, never raising: a failing backend keeps the previous snapshot."""
         try:
-            devices = await asyncio.to_thread(self._scan_and_read_health)
+            async with self._sysfs:
+                devices = await self._worker.run(f"{self.backend.name} discovery scan",
+                                                 self._scan_and_read_health)
             return _dedupe(devices, self.backend.name)
         except Exception:
             log.exception("%s discovery failed; keeping the previous device list",
@@ -56,21 +82,24 @@ class DeviceMonitor:
 
     def _scan_and_read_health(self) -> list[Device]:
         devices = self.backend.scan()
-        self._health_reading = _read_all(self._health_files())
+        self._health_reading = read_contents(self._health_files())
         return devices
 
     def _health_files(self) -> list[Path]:
-        files = getattr(self.backend, "health_files", None)
-        return list(files()) if files is not None else []
+        return self.backend.health_files()
 
     async def _follow_health(self) -> None:
         """Re-read only the health files between scans; a difference wakes a full scan."""
         while True:
             await asyncio.sleep(self.health_interval)
+            if self._sysfs.locked():
+                continue  # a scan is running (or stuck); it reads these files itself
             files = self._health_files()
             if not files:
                 continue
-            reading = await asyncio.to_thread(_read_all, files)
+            async with self._sysfs:
+                reading = await self._worker.run(
+                    f"{self.backend.name} health re-read", functools.partial(read_contents, files))
             if reading != self._health_reading:
                 self._health_reading = reading
                 log.debug("rescan: a health attribute changed")
@@ -78,11 +107,17 @@ class DeviceMonitor:
 
     async def run(self, publish: Publish) -> None:
         """Publish the first snapshot, then every changed one, until cancelled."""
-        snapshot = await self.scan()
-        self._announce(snapshot)
-        await publish(snapshot)
-        if self.backend.static:
-            return
+        watchdog = asyncio.create_task(self._watchdog(publish))
+        try:
+            await self._scan_and_publish(publish)
+            if self.backend.static:
+                return
+            await self._follow_changes(publish)
+        finally:
+            watchdog.cancel()
+            await asyncio.gather(watchdog, return_exceptions=True)
+
+    async def _follow_changes(self, publish: Publish) -> None:
         watcher = DirectoryWatcher()
         tasks = [asyncio.create_task(self._follow_dirs(watcher)),
                  asyncio.create_task(self._follow_health())]
@@ -94,10 +129,7 @@ class DeviceMonitor:
                     await asyncio.sleep(DEBOUNCE_SECONDS)
                 self._wake.clear()
                 self._watch_paths(watcher)
-                snapshot = await self.scan()
-                if snapshot != self._last:
-                    self._announce(snapshot)
-                    await publish(snapshot)
+                await self._scan_and_publish(publish)
         finally:
             for task in tasks:
                 task.cancel()
@@ -108,6 +140,53 @@ class DeviceMonitor:
         """Scan again soon (SIGHUP, SIGUSR1), as if a watched directory had changed."""
         log.debug("rescan: %s", reason)
         self._wake.set()
+
+    async def _scan_and_publish(self, publish: Publish) -> None:
+        snapshot = await self.scan()
+        async with self._publishing:
+            changed = self._last is None or snapshot != self._last
+            if changed:
+                self._announce(snapshot)
+            stalled, self._stalled = self._stalled, None
+            if stalled is not None:
+                log.warning("discovery answers again (%s had stalled for %.1f s); the devices "
+                            "are reported as found", stalled.what, stalled.age())
+            if changed or stalled is not None:
+                await publish(snapshot)
+
+    async def _watchdog(self, publish: Publish) -> None:
+        """Name a call that is slow; past the stall timeout report every device Unhealthy."""
+        slow_after = min(SLOW_CALL_SECONDS, self.stall_timeout / 2)
+        tick = min(0.5, slow_after / 4)
+        named: Job | None = None
+        while True:
+            await asyncio.sleep(tick)
+            job = self._worker.current
+            if job is None:
+                if self._stalled is not None:
+                    self._wake.set()  # the stuck call returned: rescan to publish the truth
+                continue
+            if job is not named and job.age() >= slow_after:
+                named = job
+                log.error("%s has not returned for %.1f s%s; devices are not being updated "
+                          "meanwhile", job.what, job.age(), _stuck_on(job))
+            if self._stalled is None and job.age() >= self.stall_timeout:
+                await self._report_stall(job, publish)
+
+    async def _report_stall(self, job: Job, publish: Publish) -> None:
+        async with self._publishing:
+            if self._worker.current is not job:
+                return  # it returned while the lock was awaited
+            self._stalled = job
+            reason = (f"device discovery stalled: {job.what} has not returned for "
+                      f"{job.age():.0f} s{_stuck_on(job)}")
+            if self._last is None:
+                log.error("%s; no device list has been published yet", reason)
+                return
+            log.error("%s; reporting all %d devices Unhealthy until it completes",
+                      reason, len(self._last))
+            await publish(DeviceSet.of(
+                replace(d, health=Health.UNHEALTHY, health_reason=reason) for d in self._last))
 
     def _announce(self, snapshot: DeviceSet) -> None:
         if self._last is None:
@@ -143,16 +222,9 @@ class DeviceMonitor:
             self._wake.set()
 
 
-def _read_all(files: Sequence[Path]) -> tuple[bytes | None, ...]:
-    """Contents of each file (its first 4 KiB), None where it cannot be read."""
-    contents: list[bytes | None] = []
-    for path in files:
-        try:
-            with open(path, "rb") as handle:
-                contents.append(handle.read(4096))
-        except OSError:
-            contents.append(None)
-    return tuple(contents)
+def _stuck_on(job: Job) -> str:
+    path = reading_now(job.thread_id)
+    return f" (reading {path})" if path is not None else ""
 
 
 def _dedupe(devices: Sequence[Device], backend: str) -> DeviceSet:

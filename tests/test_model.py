@@ -31,3 +31,13 @@ def test_attributes_are_order_independent() -> None:
     a = Device(id="a", backend="x", attributes=(("k", "1"), ("j", "2")))
     b = Device(id="a", backend="x", attributes=(("j", "2"), ("k", "1")))
     assert a == b and hash(a) == hash(b) and a.attribute("k") == "1"
+
+
+def test_numa_nodes_beyond_what_linux_allows_and_unknown_health_are_refused() -> None:
+    assert Device(id="a", backend="x", numa_node=1023).numa_node == 1023
+    for impossible in (1024, 10**20):
+        with pytest.raises(ValueError, match="NUMA"):
+            Device(id="a", backend="x", numa_node=impossible)
+    assert Device(id="a", backend="x", health="Unhealthy").health is Health.UNHEALTHY  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        Device(id="a", backend="x", health="Broken")  # type: ignore[arg-type]

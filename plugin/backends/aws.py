@@ -63,7 +63,12 @@ class AwsF1Backend:
         warnings = self._notes.start()
         try:
             resolver = NodeResolver(self.dev_root)
-            devices = [self._device(slot, resolver, warnings) for slot in self._slots(warnings)]
+            devices = []
+            for slot in self._slots(warnings):
+                try:
+                    devices.append(self._device(slot, resolver, warnings))
+                except ValueError as exc:  # the model refused a value: lose this slot only
+                    warnings.append(f"{slot.management.path}: {exc}; skipping slot {slot.number}")
         except Exception:
             log.exception("AWS F1 discovery under %s failed; reporting no slots",
                           self.devices_dir)

@@ -165,7 +165,10 @@ class IntelBackend:
                     continue
                 taken.add(device_id)
                 interface = entry.card.interface_id or _parent_interface(entry.card, interfaces)
-                devices.append(self._device(device_id, entry, interface, nodes, warnings))
+                try:
+                    devices.append(self._device(device_id, entry, interface, nodes, warnings))
+                except ValueError as exc:  # the model refused a value: lose this port only
+                    warnings.append(f"{entry.port.path}: {exc}; skipping {entry.port.name}")
         return devices
 
     def _cards(self, layout: Layout, warnings: list[str]) -> Iterator[Card]:

@@ -13,11 +13,14 @@ from pathlib import Path
 
 from plugin.backends.pci import PciAddress, parse_bdf
 from plugin.backends.sysfs import Attr, exists, link_target_name, read_attr, real_path
+from plugin.model import MAX_NUMA_NODES
 
 MAX_ANCESTORS = 8
 """How far up a class device may sit below its PCI function (OPAE and DFL need 2 to 3)."""
 
 _ID = re.compile(r"^(?:0x)?([0-9a-fA-F]{1,4})$")
+_NUMA = re.compile(r"^[-+]?[0-9]+$")
+"""Plain decimal only: ``int()`` alone would also take ``1_0`` and other spellings."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,20 +63,30 @@ def pci_id(attr: Attr, warnings: list[str]) -> str | None:
 
 
 def numa_node(attr: Attr, warnings: list[str]) -> int | None:
-    """The NUMA node, None for ``-1`` or a kernel without NUMA; garbage is reported and ignored."""
+    """The NUMA node, None for ``-1`` or a kernel without NUMA; garbage is reported and ignored.
+
+    Only ``-1`` and ``0..MAX_NUMA_NODES-1`` are NUMA nodes. A larger value is not a node this
+    kernel can have, and one that does not even fit the wire's int64 would fail the kubelet's
+    whole device stream, so it is "unknown", with one warning naming the file.
+    """
     if attr.missing:
         return None
     if attr.text is None:
         warnings.append(f"{attr.describe()}; NUMA node unknown")
         return None
-    try:
-        value = int(attr.text, 10)
-    except ValueError:
+    if _NUMA.match(attr.text) is None:
         warnings.append(f"{attr.path}: {attr.text[:40]!r} is not a NUMA node; NUMA node unknown")
         return None
-    if value < -1:
-        warnings.append(f"{attr.path}: NUMA node {value} is invalid; NUMA node unknown")
-    return value if value >= 0 else None
+    # Digits beyond 8 cannot be a node; not converting them also keeps clear of int()'s
+    # limit on very long numbers.
+    value = int(attr.text, 10) if len(attr.text) <= 8 else None
+    if value == -1:
+        return None
+    if value is None or not 0 <= value < MAX_NUMA_NODES:
+        warnings.append(f"{attr.path}: {attr.text[:40]!r} is neither -1 nor a NUMA node "
+                        f"0..{MAX_NUMA_NODES - 1}; NUMA node unknown")
+        return None
+    return value
 
 
 def owning_function(entry: Path) -> tuple[PciAddress, Path] | None:

@@ -12,11 +12,15 @@ import logging
 import os
 import stat
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 MAX_ATTRIBUTE_BYTES = 4096
 """sysfs attributes are at most one page; anything longer is not an attribute."""
+
+_in_progress: dict[int, Path] = {}
+"""Thread ID -> the file that thread is reading now (see :func:`reading_now`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,22 +50,9 @@ def read_attr(path: Path) -> Attr:
     The file is opened non-blocking and must be a regular file (sysfs attributes are), so
     a corrupted tree holding a pipe or a socket cannot hang the scan.
     """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return Attr(path, problem="missing")
-    except OSError as exc:
-        return Attr(path, problem=f"cannot open ({exc.strerror or exc})")
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return Attr(path, problem="not a regular file")
-        data = os.read(fd, MAX_ATTRIBUTE_BYTES + 1)
-    except OSError as exc:
-        return Attr(path, problem=f"cannot read ({exc.strerror or exc})")
-    finally:
-        os.close(fd)
-    if len(data) > MAX_ATTRIBUTE_BYTES:
-        return Attr(path, problem=f"longer than {MAX_ATTRIBUTE_BYTES} bytes")
+    data = _read_regular(path)
+    if isinstance(data, str):
+        return Attr(path, problem=data)
     try:
         text = data.decode("ascii").strip()
     except UnicodeDecodeError:
@@ -69,6 +60,54 @@ def read_attr(path: Path) -> Attr:
     if not text:
         return Attr(path, problem="empty")
     return Attr(path, text)
+
+
+def read_contents(paths: Sequence[Path]) -> tuple[bytes | None, ...]:
+    """The raw bytes of each file, None where it cannot be read; the same guarantees as
+    :func:`read_attr` (never raises, never blocks on a FIFO, bounded in size).
+
+    For the monitor's health re-reads, which only compare one reading with the next.
+    """
+    contents: list[bytes | None] = []
+    for path in paths:
+        data = _read_regular(path)
+        contents.append(None if isinstance(data, str) else data)
+    return tuple(contents)
+
+
+def _read_regular(path: Path) -> bytes | str:
+    """The bytes of a regular file of at most MAX_ATTRIBUTE_BYTES, or what is wrong with it."""
+    ident = threading.get_ident()
+    _in_progress[ident] = path
+    try:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return "missing"
+        except (OSError, ValueError) as exc:
+            return f"cannot open ({getattr(exc, 'strerror', None) or exc})"
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return "not a regular file"
+            data = os.read(fd, MAX_ATTRIBUTE_BYTES + 1)
+        except OSError as exc:
+            return f"cannot read ({exc.strerror or exc})"
+        finally:
+            os.close(fd)
+    finally:
+        _in_progress.pop(ident, None)
+    if len(data) > MAX_ATTRIBUTE_BYTES:
+        return f"longer than {MAX_ATTRIBUTE_BYTES} bytes"
+    return data
+
+
+def reading_now(thread_id: int) -> Path | None:
+    """The file thread ``thread_id`` is reading at this moment, if any.
+
+    A read the kernel never answers cannot be interrupted; this at least lets the monitor
+    say which file it is stuck on.
+    """
+    return _in_progress.get(thread_id)
 
 
 def list_dir(path: Path) -> list[str] | None:
