@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
+import tempfile
 from pathlib import Path
 
 import grpc
@@ -350,4 +352,63 @@ async def test_static_backends_serve_end_to_end(kubelet, plugin, backend, expect
         with pytest.raises(Exception) as refused:
             await node.allocate(RESOURCE, ["0"])
         assert getattr(refused.value, "code", None) == grpc.StatusCode.INVALID_ARGUMENT
+    assert await daemon.terminate() == 0
+
+
+# -- damaged sysfs under load --------------------------------------------------------------
+
+
+async def test_damaged_sysfs_files_under_allocate_load(kubelet, plugin, tmp_path):
+    """A FIFO, a socket, an oversized file and garbage, while the kubelet keeps allocating."""
+    node = FakeNode(tmp_path / "node")
+    ports = {bdf: node.add_dfl_card(bdf)[0]
+             for bdf in ("0000:3b:00.0", "0000:5e:00.0", "0000:86:00.0", "0000:af:00.0",
+                         "0000:d8:00.0")}
+    emulated = await kubelet("1.26")
+    daemon = plugin(extra=["--backend", "intel", "--sysfs-root", str(node.sysfs_root),
+                           "--dev-root", str(node.dev_root), "--rescan-interval", "0.3"])
+    await emulated.wait_for_devices(RESOURCE, lambda d: len(d) == 5, timeout=SETTLE)
+    baseline = resources_of(daemon)
+    healthy = "0000:d8:00.0"
+    stop = asyncio.Event()
+    granted = 0
+
+    async def allocate_forever() -> None:
+        nonlocal granted
+        while not stop.is_set():
+            answer = await emulated.allocate(RESOURCE, [healthy])
+            assert answer.envs["ACCELERATOR_UNITS"] == healthy
+            granted += 1
+            await asyncio.sleep(0.002)
+
+    load = asyncio.create_task(allocate_forever())
+    try:
+        port = lambda bdf: node.port_path(ports[bdf])  # noqa: E731
+        fifo = port("0000:3b:00.0") / "afu_id"
+        fifo.unlink()
+        os.mkfifo(fifo)
+        errors = port("0000:5e:00.0") / "errors" / "errors"
+        errors.unlink()
+        with socket.socket(socket.AF_UNIX) as bound:  # bound short, then moved into sysfs
+            short = Path(tempfile.mkdtemp(prefix="s", dir="/tmp")) / "s"
+            bound.bind(str(short))
+            short.rename(errors)
+            short.parent.rmdir()
+        (port("0000:86:00.0") / "afu_id").write_text("f" * 100_000)
+        (port("0000:af:00.0") / "afu_id").write_bytes(b"\xff\xfe garbage \x00\n")
+        broken = {"0000:3b:00.0", "0000:5e:00.0", "0000:86:00.0", "0000:af:00.0"}
+
+        def as_expected(devices) -> bool:
+            return (len(devices) == 5 and devices[healthy].healthy
+                    and all(not devices[b].healthy for b in broken))
+
+        await emulated.wait_for_devices(RESOURCE, as_expected, timeout=SETTLE)
+        await asyncio.sleep(2.0)  # several rescans and health re-reads of the damaged files
+        assert as_expected(emulated.devices(RESOURCE))
+    finally:
+        stop.set()
+        await load
+    assert granted > 50 and daemon.alive
+    fds, threads = resources_of(daemon)
+    assert fds <= baseline[0] + 2 and threads <= baseline[1] + 2
     assert await daemon.terminate() == 0
