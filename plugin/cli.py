@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from plugin.backends import BackendConfig, make_backend
+from plugin.backends import BackendConfig, make_backend, missing_roots
 from plugin.backends.base import Backend
 from plugin.config import Settings, parse
 from plugin.logs import configure
@@ -35,6 +35,8 @@ def _backend(settings: Settings) -> Backend:
         sysfs_root=settings.sysfs_root, dev_root=settings.dev_root,
         nb_units=settings.accel_nbunits,
     )
+    for problem in missing_roots(settings.backend, config):
+        log.warning("%s", problem)
     try:
         return make_backend(settings.backend, config)
     except ValueError as exc:

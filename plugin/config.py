@@ -8,6 +8,7 @@ A flag on the command line wins over its variable. A bad flag or value exits 2 w
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -58,18 +59,58 @@ class Settings:
 class OneLineParser(argparse.ArgumentParser):
     """argparse that reports a bad flag in one line and exits 2, as DaemonSet logs want."""
 
+    commands: dict[str, OneLineParser]
+
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
-    return value
+@dataclass(frozen=True)
+class _EnvProblem:
+    """An environment variable that did not convert, held until we know it matters.
+
+    Every subcommand's parser is built before the command line is read, so failing at build
+    time blamed the wrong subcommand (``serve: error`` for a ``discover`` run) and let a
+    variable only ``serve`` reads break ``healthcheck``. The problem is reported by the
+    subcommand that runs, and only if its flag was not given on the command line.
+    """
+
+    message: str
+
+
+@dataclass(frozen=True)
+class Seconds:
+    """A duration flag's converter: a finite number of seconds within ``[low, high]``.
+
+    ``nan`` and ``inf`` parse as floats but make no duration (``--register-timeout nan``
+    never registered), and an interval of a nanosecond turns a re-read into a busy loop, so
+    every duration is finite and bounded; the bounds are shown in each flag's help.
+    """
+
+    low: float
+    high: float
+
+    def __call__(self, text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of seconds")
+        if not self.low <= value <= self.high:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} must be between {self.low:g} and {self.high:g} seconds")
+        return value
+
+    def describe(self) -> str:
+        return f"{self.low:g} to {self.high:g}"
+
+
+INTERVAL = Seconds(0.5, 3600)
+HEALTH_INTERVAL = Seconds(0.05, 60)
+TIMEOUT = Seconds(0.1, 300)
+BACKOFF = Seconds(0.01, 300)
+MAX_AGE = Seconds(1, 86400)
 
 
 def _count(text: str) -> int:
@@ -152,12 +193,12 @@ class _EnvDefaults:
             try:
                 default = convert(raw)
             except (argparse.ArgumentTypeError, ValueError) as exc:
-                self.parser.error(f"environment variable {variable}: {exc}")
-            if "choices" in kwargs and default not in kwargs["choices"]:
-                self.parser.error(
-                    f"environment variable {variable}: {raw!r} is not one of "
-                    f"{', '.join(kwargs['choices'])}"
-                )
+                default = _EnvProblem(f"environment variable {variable}: {exc}")
+            else:
+                if "choices" in kwargs and default not in kwargs["choices"]:
+                    default = _EnvProblem(
+                        f"environment variable {variable}: {raw!r} is not one of "
+                        f"{', '.join(kwargs['choices'])}")
         self.parser.add_argument(
             *flags, default=default, type=convert, help=f"{help} [env {variable}]", **kwargs
         )
@@ -194,25 +235,28 @@ def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
             help="file name of this plugin's socket in that directory")
     env.add("--api-versions", default=DEFAULT_GENERATIONS, convert=_generations,
             help="generations to try, in this order (default newest first)")
-    env.add("--rescan-interval", default=5.0, convert=_positive_float,
-            help="seconds between safety-net rescans of sysfs")
-    env.add("--health-interval", default=0.5, convert=_positive_float,
-            help="seconds between re-reads of the files that decide health (AFU ID, errors)")
-    env.add("--scan-stall-timeout", default=10.0, convert=_positive_float,
+    env.add("--rescan-interval", default=5.0, convert=INTERVAL,
+            help=f"seconds between safety-net rescans of sysfs ({INTERVAL.describe()})")
+    env.add("--health-interval", default=0.5, convert=HEALTH_INTERVAL,
+            help="seconds between re-reads of the files that decide health (AFU ID, errors; "
+            f"{HEALTH_INTERVAL.describe()})")
+    env.add("--scan-stall-timeout", default=10.0, convert=INTERVAL,
             help="seconds a sysfs scan or re-read may hang before every device is reported "
-            "Unhealthy (until scans complete again)")
-    env.add("--kubelet-check-interval", default=5.0, convert=_positive_float,
-            help="seconds between safety-net checks for a restarted kubelet")
-    env.add("--register-timeout", default=15.0, convert=_positive_float,
-            help="deadline of one Register call (recent kubelets dial back within it)")
+            f"Unhealthy until scans complete again ({INTERVAL.describe()})")
+    env.add("--kubelet-check-interval", default=5.0, convert=INTERVAL,
+            help="seconds between safety-net checks for a restarted kubelet "
+            f"({INTERVAL.describe()})")
+    env.add("--register-timeout", default=15.0, convert=TIMEOUT,
+            help="deadline of one Register call (recent kubelets dial back within it; "
+            f"{TIMEOUT.describe()})")
     env.add("--retry-attempts", default=5, convert=_count,
             help="tries of one generation on transient failures before backing off")
-    env.add("--retry-max-backoff", default=2.0, convert=_positive_float,
-            help="longest wait between two such tries, in seconds")
+    env.add("--retry-max-backoff", default=2.0, convert=BACKOFF,
+            help=f"longest wait between two such tries, in seconds ({BACKOFF.describe()})")
     env.add("--heartbeat-file", default=None, convert=Path,
             help="file touched after each successful self-check (for the liveness probe)")
-    env.add("--heartbeat-interval", default=10.0, convert=_positive_float,
-            help="seconds between self-checks")
+    env.add("--heartbeat-interval", default=10.0, convert=INTERVAL,
+            help=f"seconds between self-checks ({INTERVAL.describe()})")
     env.add("--metrics-port", default=None, convert=_port,
             help="serve Prometheus metrics on this port (off by default)")
     env.add("--metrics-address", default="0.0.0.0", help="address for the metrics port")
@@ -243,8 +287,10 @@ def build_parser() -> argparse.ArgumentParser:
     health = commands.add_parser("healthcheck", help="exit 0 if the heartbeat file is fresh")
     env = _EnvDefaults(health)
     env.add("--heartbeat-file", default=None, convert=Path, help="file written by serve")
-    env.add("--heartbeat-max-age", default=60.0, convert=_positive_float,
-            help="oldest acceptable heartbeat, in seconds")
+    env.add("--heartbeat-max-age", default=60.0, convert=MAX_AGE,
+            help=f"oldest acceptable heartbeat, in seconds ({MAX_AGE.describe()})")
+    parser.commands = {"serve": serve, "discover": discover, "demo": demo,
+                       "healthcheck": health}
     return parser
 
 
@@ -252,6 +298,10 @@ def parse(argv: Sequence[str] | None = None) -> Settings:
     """Parse ``argv`` (default ``sys.argv[1:]``); exit 2 with one line on any mistake."""
     parser = build_parser()
     ns = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    command = parser.commands[ns.command]
+    for value in vars(ns).values():
+        if isinstance(value, _EnvProblem):
+            command.error(value.message)
     values = {k: v for k, v in vars(ns).items() if k in Settings.__dataclass_fields__}
     default = RetryPolicy()
     retry = RetryPolicy(
@@ -260,5 +310,45 @@ def parse(argv: Sequence[str] | None = None) -> Settings:
         register_timeout=getattr(ns, "register_timeout", default.register_timeout),
     )
     if ns.command == "healthcheck" and ns.heartbeat_file is None:
-        parser.error("healthcheck needs --heartbeat-file (or ACCELERATOR_DP_HEARTBEAT_FILE)")
-    return Settings(retry=retry, **values)
+        command.error("needs --heartbeat-file (or ACCELERATOR_DP_HEARTBEAT_FILE)")
+    settings = Settings(retry=retry, **values)
+    problem = settings_problem(settings)
+    if problem:
+        command.error(problem)
+    return settings
+
+
+AFU_BACKENDS = ("auto", "intel")
+"""Backends whose devices carry AFU IDs, which ``--resource-mode afu`` groups by."""
+
+
+def settings_problem(settings: Settings) -> str | None:
+    """What makes a combination of flags unusable, in one line; None when it is fine."""
+    if settings.command not in ("serve", "discover"):
+        return None
+    if settings.resource_mode == "afu" and settings.backend not in AFU_BACKENDS:
+        return (f"--resource-mode afu groups devices by AFU ID, which the {settings.backend} "
+                f"backend does not read; use --backend {' or '.join(AFU_BACKENDS)}, or "
+                "--resource-mode single")
+    if settings.command == "serve":
+        return socket_path_problem(settings)
+    return None
+
+
+def socket_path_problem(settings: Settings) -> str | None:
+    """A socket path longer than a unix socket address can hold cannot even be bound."""
+    from plugin.resources import longest_socket_name
+
+    name = longest_socket_name(settings.socket_name, settings.resource_mode,
+                               settings.resource_prefix)
+    path = str((settings.device_plugin_dir / name).absolute())
+    length = len(path.encode())
+    if length <= MAX_SOCKET_PATH:
+        return None
+    which = "the socket path" if name == settings.socket_name else "the longest socket path"
+    return (f"{which} {path} is {length} bytes; a unix socket path can have at most "
+            f"{MAX_SOCKET_PATH}: shorten --device-plugin-dir or --socket-name")
+
+
+MAX_SOCKET_PATH = 107
+"""``sun_path`` holds 108 bytes on Linux, one of them the terminating NUL."""

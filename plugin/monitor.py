@@ -191,8 +191,8 @@ class DeviceMonitor:
     def _announce(self, snapshot: DeviceSet) -> None:
         if self._last is None:
             if len(snapshot) == 0:
-                log.warning("%s backend found no accelerators on this node; serving zero "
-                            "devices and watching for some to appear", self.backend.name)
+                log.warning("%s backend found no accelerators on this node; watching for "
+                            "some to appear", self.backend.name)
             else:
                 log.info("%s backend found %d devices: %s", self.backend.name, len(snapshot),
                          ", ".join(snapshot.ids))

@@ -23,6 +23,8 @@ AFU_PREFIX = "afu-"
 MAX_SHORT_NAME = 63
 _NOT_NAME = re.compile(r"[^a-z0-9]")
 SOCKET_SUFFIX = ".sock"
+MAX_SOCKET_SHORT = 40
+"""Longest resource part of an afu-mode socket name; a 128-bit AFU ID (36) fits whole."""
 
 
 def group_by_resource(
@@ -97,4 +99,15 @@ def socket_name_for(resource_name: str, base_socket: str, mode: str) -> str:
     stem = base_socket.removesuffix(SOCKET_SUFFIX) or "accelerator"
     short = resource_name.rsplit("/", 1)[-1]
     short = re.sub(r"[^A-Za-z0-9_.-]", "-", short) or "resource"
+    if len(short) > MAX_SOCKET_SHORT:
+        # Unix socket paths are short (107 bytes): keep a readable head and a digest.
+        digest = hashlib.sha256(short.encode()).hexdigest()[:16]
+        short = f"{short[:MAX_SOCKET_SHORT - 17]}-{digest}"
     return f"{stem}-{short}{SOCKET_SUFFIX}"
+
+
+def longest_socket_name(base_socket: str, mode: str, prefix: str) -> str:
+    """The longest socket file name this mode can use, for the start-up length check."""
+    if mode != "afu":
+        return base_socket
+    return socket_name_for(f"{prefix}/{'a' * MAX_SHORT_NAME}", base_socket, mode)

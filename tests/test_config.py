@@ -50,6 +50,21 @@ def test_environment_sets_defaults_and_flags_win(monkeypatch: pytest.MonkeyPatch
         (["serve", "--metrics-port", "70000"], {}, "between 1 and 65535"),
         (["serve"], {"ACCELERATOR_DP_ACCEL_NBUNITS": "many"}, "ACCELERATOR_DP_ACCEL_NBUNITS"),
         (["healthcheck"], {}, "needs --heartbeat-file"),
+        (["serve", "--register-timeout", "nan"], {}, "not a finite number"),
+        (["serve", "--rescan-interval", "inf"], {}, "not a finite number"),
+        (["serve"], {"ACCELERATOR_DP_KUBELET_CHECK_INTERVAL": "-inf"}, "not a finite number"),
+        (["serve", "--health-interval", "1e-9"], {}, "between 0.05 and 60 seconds"),
+        (["serve", "--retry-max-backoff", "0"], {}, "between 0.01 and 300 seconds"),
+        (["serve", "--heartbeat-interval", "1e12"], {}, "between 0.5 and 3600 seconds"),
+        (["healthcheck", "--heartbeat-file", "/x", "--heartbeat-max-age", "nan"], {},
+         "not a finite number"),
+        (["serve", "--device-plugin-dir", "/tmp/" + "d" * 90], {}, "at most 107"),
+        (["serve", "--socket-name", "s" * 110], {}, "at most 107"),
+        (["serve", "--resource-mode", "afu", "--device-plugin-dir", "/tmp/" + "d" * 60], {},
+         "the longest socket path"),
+        (["serve", "--resource-mode", "afu", "--backend", "units"], {}, "units backend"),
+        (["serve", "--resource-mode", "afu", "--backend", "none"], {}, "--backend auto or intel"),
+        (["discover", "--resource-mode", "afu", "--backend", "aws"], {}, "aws backend"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(args, env, words) -> None:
@@ -61,3 +76,50 @@ def test_bad_input_exits_2_with_one_line(args, env, words) -> None:
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert words in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("command", "variable"),
+    [(["discover"], "ACCELERATOR_DP_LOG_LEVEL"), (["demo"], "ACCELERATOR_DP_LOG_FORMAT"),
+     (["healthcheck", "--heartbeat-file", "/x"], "ACCELERATOR_DP_HEARTBEAT_MAX_AGE")],
+)
+def test_an_environment_error_names_the_subcommand_that_runs(command, variable) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "plugin", *command], capture_output=True, text=True,
+        env={"PATH": "/usr/bin:/bin", variable: "nonsense"}, timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"accelerator-device-plugin {command[0]}: error: "), (
+        result.stderr)
+    assert variable in result.stderr
+
+
+def test_a_variable_only_serve_reads_does_not_break_other_commands(tmp_path: Path) -> None:
+    heartbeat = tmp_path / "beat"
+    heartbeat.write_text("1\n")
+    env = {"PATH": "/usr/bin:/bin", "ACCELERATOR_DP_HEALTH_INTERVAL": "nan"}
+    ok = subprocess.run(
+        [sys.executable, "-m", "plugin", "healthcheck", "--heartbeat-file", str(heartbeat)],
+        capture_output=True, text=True, env=env, timeout=60)
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_a_flag_given_on_the_command_line_overrides_a_bad_variable(monkeypatch) -> None:
+    monkeypatch.setenv("ACCELERATOR_DP_HEALTH_INTERVAL", "nan")
+    assert parse(["serve", "--health-interval", "0.25"]).health_interval == 0.25
+
+
+def test_afu_socket_names_fit_a_unix_socket_under_the_default_directory() -> None:
+    settings = parse(["serve", "--resource-mode", "afu"])
+    assert settings.resource_mode == "afu"
+
+
+def test_a_missing_sysfs_root_is_warned_about_but_not_fatal(tmp_path: Path) -> None:
+    missing = tmp_path / "no-sys"
+    result = subprocess.run(
+        [sys.executable, "-m", "plugin", "discover", "--sysfs-root", str(missing),
+         "--dev-root", str(tmp_path)],
+        capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}, timeout=60)
+    assert result.returncode == 0
+    assert f"--sysfs-root {missing} is not a directory" in result.stderr
+    assert "(no accelerators found)" in result.stdout

@@ -36,6 +36,23 @@ def make_backend(name: str, config: BackendConfig) -> Backend:
     raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKEND_NAMES)}")
 
 
+SYSFS_BACKENDS = ("auto", "intel", "aws")
+
+
+def missing_roots(name: str, config: BackendConfig) -> list[str]:
+    """Why the ``name`` backend will find nothing: its sysfs or /dev root does not exist.
+
+    Not an error: a DaemonSet must keep running (a hostPath can appear later, and the
+    plugin then finds the devices by itself); but a typo in ``--sysfs-root`` would
+    otherwise look exactly like a node without accelerators.
+    """
+    if name not in SYSFS_BACKENDS:
+        return []
+    roots = (("--sysfs-root", config.sysfs_root), ("--dev-root", config.dev_root))
+    return [f"{flag} {root} is not a directory; no device can be found under it until it "
+            "appears" for flag, root in roots if not root.is_dir()]
+
+
 def uevent_subsystems(backend: Backend) -> tuple[str, ...]:
     """The uevent subsystems worth a rescan for ``backend`` (none for static backends)."""
     if backend.static:
@@ -48,5 +65,6 @@ __all__ = [
     "Backend",
     "BackendConfig",
     "make_backend",
+    "missing_roots",
     "uevent_subsystems",
 ]

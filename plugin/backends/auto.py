@@ -48,8 +48,7 @@ class CompositeBackend:
             elif not self._said_empty:
                 self._said_empty = True
                 places = ", ".join(str(p) for p in self.places())
-                log.info("%s (looked in %s); no devices to serve until one appears",
-                         self._nothing_found, places)
+                log.info("%s (looked in %s)", self._nothing_found, places)
         return devices
 
     def watch_paths(self) -> list[Path]:
