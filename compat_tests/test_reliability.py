@@ -20,6 +20,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from compat_tests.kubelet import PluginCallError
 from compat_tests.plugin_process import PluginProcess
 from compat_tests.test_matrix import ALL_UNITS, RESOURCE, SETTLE, assert_serves_units, unit_ids
 from plugin.backends.fake_sysfs import (
@@ -412,3 +413,39 @@ async def test_damaged_sysfs_files_under_allocate_load(kubelet, plugin, tmp_path
     fds, threads = resources_of(daemon)
     assert fds <= baseline[0] + 2 and threads <= baseline[1] + 2
     assert await daemon.terminate() == 0
+
+
+# -- hostile requests ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+async def test_hostile_requests_are_refused_in_bounded_words(kubelet, plugin, log_format):
+    node = await kubelet("1.26")
+    daemon = plugin(extra=["--log-format", log_format])
+    await assert_serves_units(node)
+
+    with pytest.raises(PluginCallError) as many:
+        await node.allocate(RESOURCE, [f"no-such-{i}" for i in range(10_000)])
+    assert many.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "and 9,995 more" in many.value.details and len(many.value.details) < 1024
+
+    with pytest.raises(PluginCallError) as huge:
+        await node.allocate(RESOURCE, ["h" * (1 << 20)])
+    assert huge.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "(1,048,576 characters)" in huge.value.details
+
+    forged = "0\n2026-01-01 00:00:00,000 INFO    plugin.daemon: all is well"
+    with pytest.raises(PluginCallError):
+        await node.allocate(RESOURCE, [forged, "\x1b[2J"])
+
+    chosen = await node.preferred_allocation(RESOURCE, ["1", "2"], ["9", "1"], 2)
+    assert chosen == ["1", "2"], "never an ID that is not available and owned"
+    assert await node.preferred_allocation(RESOURCE, ALL_UNITS, [], -1) == []
+
+    await asyncio.sleep(0.2)
+    assert daemon.alive
+    lines = daemon.text().splitlines()
+    assert max(len(line) for line in lines) < 4096, "no log line of megabytes"
+    assert not any("all is well" in line and line.startswith("2026-01-01") for line in lines)
+    assert not any("\x1b" in line for line in lines)
+    assert (await node.allocate(RESOURCE, ["0"])).envs["ACCELERATOR_UNITS"] == "0"

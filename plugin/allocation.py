@@ -67,21 +67,41 @@ def _problems(devices: DeviceSet, requested: Sequence[str]) -> list[str]:
     seen: set[str] = set()
     duplicated = sorted({i for i in requested if i in seen or seen.add(i)}, key=natural_key)
     if duplicated:
-        problems.append(f"device IDs requested more than once: {', '.join(duplicated)}")
+        problems.append(f"device IDs requested more than once: {name_some(duplicated)}")
     unknown = [i for i in dict.fromkeys(requested) if i not in devices]
     if unknown:
         problems.append(
-            f"unknown device IDs: {', '.join(unknown)} (this plugin owns {_describe_ids(devices)})"
+            f"unknown device IDs: {name_some(unknown)} (this plugin owns {_describe_ids(devices)})"
         )
     unhealthy = [
         d for i in dict.fromkeys(requested) if (d := devices.get(i)) is not None and not d.healthy
     ]
     if unhealthy:
-        problems.append(
-            "unhealthy device IDs: "
-            + ", ".join(f"{d.id} ({d.health_reason or 'unhealthy'})" for d in unhealthy)
-        )
+        problems.append("unhealthy device IDs: " + name_some(
+            [f"{d.id} ({d.health_reason or 'unhealthy'})" for d in unhealthy]))
     return problems
+
+
+NAMED_AT_MOST = 5
+"""Offending IDs named in a refusal; the rest are counted. The refusal travels in a gRPC
+status message (trailing metadata, a few KiB at most) and into the log: 10,000 unknown IDs
+once turned INVALID_ARGUMENT into RESOURCE_EXHAUSTED and a log line of megabytes."""
+SHOWN_CHARACTERS = 64
+"""Longest piece of one ID shown; a longer ID is cut and its length given."""
+
+
+def name_some(items: Sequence[str]) -> str:
+    """The first few items, each cut to a readable length, and how many more there are."""
+    shown = [_shorten(item) for item in items[:NAMED_AT_MOST]]
+    if len(items) > NAMED_AT_MOST:
+        shown.append(f"and {len(items) - NAMED_AT_MOST:,} more")
+    return ", ".join(shown)
+
+
+def _shorten(item: str) -> str:
+    if len(item) <= SHOWN_CHARACTERS:
+        return item
+    return f"{item[:SHOWN_CHARACTERS]}... ({len(item):,} characters)"
 
 
 def _describe_ids(devices: DeviceSet) -> str:
@@ -111,16 +131,26 @@ def preferred_allocation(
     The rest is taken, in natural ID order, from the fewest NUMA nodes possible: first the
     NUMA nodes the must-include devices sit on, then a single node that can hold the whole
     remainder (the smallest such, leaving big nodes whole for big requests), and only if no
-    node can, the largest nodes first. Unknown or unhealthy IDs are never proposed.
+    node can, the largest nodes first.
+
+    Never proposes an ID that is not both available and a healthy device of this plugin
+    (must-include IDs too: a kubelet only sends available ones, but a hostile or buggy
+    client must not make the plugin vouch for a device it does not own), never more than
+    ``size`` IDs, and none for a size below 1.
     """
-    chosen = list(dict.fromkeys(must_include))
+    usable = {
+        i for i in available if (d := devices.get(i)) is not None and d.healthy
+    }
+    if size <= 0:
+        return []
+    chosen = [i for i in dict.fromkeys(must_include) if i in usable][:size]
     remaining = size - len(chosen)
     if remaining <= 0:
         return chosen
     candidates = [
         d
         for i in dict.fromkeys(available)
-        if i not in chosen and (d := devices.get(i)) is not None and d.healthy
+        if i in usable and i not in chosen and (d := devices.get(i)) is not None
     ]
     groups: dict[int | None, list[Device]] = {}
     for device in sorted(candidates, key=lambda d: natural_key(d.id)):

@@ -1,4 +1,10 @@
-"""Log set-up: readable text for people, one JSON object per line for log collectors."""
+"""Log set-up: readable text for people, one JSON object per line for log collectors.
+
+One record is always one line. Device IDs and other values in messages can come from a
+request (a kubelet, or anything that can reach the socket) or from a damaged sysfs file, so
+a newline or a terminal escape inside one must not forge a log line or rewrite the screen:
+control characters are escaped in both formats, by the formatter, for every log call.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,26 @@ import json
 import logging
 import sys
 import time
+
+_CONTROLS = [*range(0x00, 0x20), 0x7F, *range(0x80, 0xA0), 0x2028, 0x2029]
+_TEXT_ESCAPES = {c: f"\\u{c:04x}" if c > 0xFF else f"\\x{c:02x}" for c in _CONTROLS}
+_TEXT_ESCAPES |= {ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"}
+_JSON_ESCAPES = {c: f"\\u{c:04x}" for c in _CONTROLS if c >= 0x7F}
+"""json.dumps escapes C0 controls itself; DEL, C1 and the Unicode line separators it leaves
+raw (valid JSON, but some readers break lines on them and terminals obey C1 codes)."""
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with every control character written as an escape, so it stays one line."""
+    return text.translate(_TEXT_ESCAPES)
+
+
+class TextFormatter(logging.Formatter):
+    """The plain format, with control characters in the message escaped."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = escape_controls(record.message)
+        return super().formatMessage(record)
 
 
 class JsonFormatter(logging.Formatter):
@@ -21,7 +47,7 @@ class JsonFormatter(logging.Formatter):
         }
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, ensure_ascii=False)
+        return json.dumps(entry, ensure_ascii=False).translate(_JSON_ESCAPES)
 
 
 def configure(level: str = "info", fmt: str = "text") -> None:
@@ -30,7 +56,7 @@ def configure(level: str = "info", fmt: str = "text") -> None:
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(
-            logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+            TextFormatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
         )
     root = logging.getLogger()
     root.handlers[:] = [handler]

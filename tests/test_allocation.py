@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from plugin.allocation import (
     ENV_DEVICES,
@@ -104,3 +106,54 @@ def test_preferred_allocation_skips_unhealthy_and_unknown_and_is_deterministic()
     first = preferred_allocation(devices, available, [], 2)
     assert first == ["0000:00:00.1", "0000:00:00.2"]
     assert all(preferred_allocation(devices, available, [], 2) == first for _ in range(5))
+
+
+def test_a_refusal_names_a_few_offenders_and_counts_the_rest() -> None:
+    with pytest.raises(AllocationError) as refused:
+        allocate(units(4), [f"bogus-{i}" for i in range(10_000)])
+    message = str(refused.value)
+    assert len(message) < 1024
+    assert "bogus-0, bogus-1, bogus-2, bogus-3, bogus-4, and 9,995 more" in message
+
+
+def test_a_huge_id_is_cut_in_the_refusal() -> None:
+    with pytest.raises(AllocationError) as refused:
+        allocate(units(4), ["x" * (1 << 20), "1", "1"])
+    message = str(refused.value)
+    assert len(message) < 1024
+    assert "(1,048,576 characters)" in message and "more than once: 1" in message
+
+
+def test_preferred_allocation_never_vouches_for_what_is_not_available_and_owned() -> None:
+    devices = DeviceSet.of([port("0000:00:00.0", 0), port("0000:00:00.1", 0),
+                            port("0000:00:00.2", 0, healthy=False)])
+    available = ["0000:00:00.0", "0000:00:00.1", "0000:00:00.2"]
+    assert preferred_allocation(devices, available, ["not-ours"], 1) == ["0000:00:00.0"]
+    assert preferred_allocation(devices, available, ["0000:00:00.2"], 1) == ["0000:00:00.0"]
+    assert preferred_allocation(devices, ["0000:00:00.1"], ["0000:00:00.0"], 1) == [
+        "0000:00:00.1"]
+    assert preferred_allocation(devices, available, ["0000:00:00.1"], -3) == []
+    assert preferred_allocation(devices, available, [], 0) == []
+    assert preferred_allocation(devices, available, available, 1) == ["0000:00:00.0"]
+
+
+ids = st.sampled_from([f"0000:00:00.{i}" for i in range(8)] + ["1", "x", "", "\n"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    owned=st.lists(st.tuples(st.integers(0, 7), st.sampled_from([None, 0, 1]), st.booleans()),
+                   max_size=8, unique_by=lambda t: t[0]),
+    available=st.lists(ids, max_size=12),
+    must_include=st.lists(ids, max_size=6),
+    size=st.integers(-5, 12),
+)
+def test_preferred_allocation_properties(owned, available, must_include, size) -> None:
+    devices = DeviceSet.of(port(f"0000:00:00.{i}", numa, healthy) for i, numa, healthy in owned)
+    usable = {i for i in available if (d := devices.get(i)) is not None and d.healthy}
+    chosen = preferred_allocation(devices, available, must_include, size)
+    assert set(chosen) <= usable, "only available, owned, healthy IDs"
+    assert len(chosen) == len(set(chosen)), "no duplicates"
+    assert len(chosen) == min(max(size, 0), len(usable)), "as many as asked, if there are"
+    wanted = [i for i in dict.fromkeys(must_include) if i in usable][: max(size, 0)]
+    assert chosen[: len(wanted)] == wanted, "valid must-include IDs first, in order"
