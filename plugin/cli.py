@@ -25,9 +25,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = parse(argv)
     configure(settings.log_level, settings.log_format)
     try:
-        return _COMMANDS[settings.command](settings)
+        code = _COMMANDS[settings.command](settings)
+        sys.stdout.flush()
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _reader_went_away()
+    return code
+
+
+def _reader_went_away() -> int:
+    """``discover | head -1``: the reader closed the pipe; stop quietly, as ``cat`` would.
+
+    Python's own recipe: point stdout at /dev/null so the flush at exit cannot raise
+    again, and exit with the status a process killed by SIGPIPE reports (128 + 13).
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 141
 
 
 def _backend(settings: Settings) -> Backend:

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from plugin.backends.fake_sysfs import build_broken_node, build_intel_node
 
 
@@ -44,3 +46,20 @@ def test_a_node_without_fpga_lists_nothing_and_succeeds(tmp_path: Path) -> None:
     result = discover(tmp_path, "--json")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == []
+
+
+@pytest.mark.parametrize("extra", [[], ["--json"]])
+def test_discover_into_a_pipe_closed_early_stops_quietly(extra) -> None:
+    # `discover | head -1`: the reader goes away after one line.
+    process = subprocess.Popen(
+        [sys.executable, "-m", "plugin", "discover", "--backend", "units",
+         "--accel-nbunits", "4000", *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.readline()
+    process.stdout.close()
+    error = process.stderr.read().decode()
+    process.wait(timeout=60)
+    assert "Traceback" not in error and "BrokenPipeError" not in error, error
+    assert process.returncode == 141
