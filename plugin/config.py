@@ -106,7 +106,7 @@ class Seconds:
         return f"{self.low:g} to {self.high:g}"
 
 
-INTERVAL = Seconds(0.5, 3600)
+INTERVAL = Seconds(0.1, 3600)
 HEALTH_INTERVAL = Seconds(0.05, 60)
 TIMEOUT = Seconds(0.1, 300)
 BACKOFF = Seconds(0.01, 300)

@@ -55,7 +55,7 @@ def test_environment_sets_defaults_and_flags_win(monkeypatch: pytest.MonkeyPatch
         (["serve"], {"ACCELERATOR_DP_KUBELET_CHECK_INTERVAL": "-inf"}, "not a finite number"),
         (["serve", "--health-interval", "1e-9"], {}, "between 0.05 and 60 seconds"),
         (["serve", "--retry-max-backoff", "0"], {}, "between 0.01 and 300 seconds"),
-        (["serve", "--heartbeat-interval", "1e12"], {}, "between 0.5 and 3600 seconds"),
+        (["serve", "--heartbeat-interval", "1e12"], {}, "between 0.1 and 3600 seconds"),
         (["healthcheck", "--heartbeat-file", "/x", "--heartbeat-max-age", "nan"], {},
          "not a finite number"),
         (["serve", "--device-plugin-dir", "/tmp/" + "d" * 90], {}, "at most 107"),
