@@ -133,14 +133,20 @@ async def test_20000_allocates_leave_memory_and_descriptors_flat(kubelet, plugin
 # -- two instances ------------------------------------------------------------------------
 
 
-async def test_rolling_update_with_surge_hands_over_once(kubelet, plugin):
-    """maxSurge 1: the new pod starts while the old one serves; the old one then stops."""
+async def holder_and_newcomer(kubelet, plugin):
+    """A registered instance, and a second one on the same socket that says it waits."""
     node = await kubelet("1.26")
     old = plugin(name="old")
     await assert_serves_units(node)
     new = plugin(name="new")
     await new.wait_for_log(lambda e: "Waiting for it to stop" in e.get("message", ""),
                            what="the newcomer saying it waits")
+    return node, old, new
+
+
+async def test_rolling_update_with_surge_hands_over_once(kubelet, plugin):
+    """maxSurge 1: the new pod starts while the old one serves; the old one then stops."""
+    node, old, new = await holder_and_newcomer(kubelet, plugin)
     assert f"process {old.pid}" in "".join(messages(new))
     await asyncio.sleep(3.0)  # no fight: the old one keeps its socket and its registration
     assert len(node.registrations) == 1
@@ -160,12 +166,7 @@ async def test_rolling_update_with_surge_hands_over_once(kubelet, plugin):
 
 
 async def test_newcomer_takes_over_from_a_killed_instance(kubelet, plugin):
-    node = await kubelet("1.26")
-    old = plugin(name="old")
-    await assert_serves_units(node)
-    new = plugin(name="new")
-    await new.wait_for_log(lambda e: "Waiting for it to stop" in e.get("message", ""),
-                           what="the newcomer saying it waits")
+    node, old, new = await holder_and_newcomer(kubelet, plugin)
     loop = asyncio.get_running_loop()
     killed = loop.time()
     old.kill()  # SIGKILL: its socket file stays, nobody answers on it
@@ -176,12 +177,7 @@ async def test_newcomer_takes_over_from_a_killed_instance(kubelet, plugin):
 
 
 async def test_two_instances_through_kubelet_restarts_never_flap(kubelet, plugin):
-    node = await kubelet("1.26")
-    first = plugin(name="first")
-    await assert_serves_units(node)
-    second = plugin(name="second")
-    await second.wait_for_log(lambda e: "Waiting for it to stop" in e.get("message", ""),
-                              what="the second instance waiting")
+    node, first, second = await holder_and_newcomer(kubelet, plugin)
     for _ in range(8):
         await node.stop()
         node = await kubelet("1.26")  # deletes the holder's socket: either may take it
