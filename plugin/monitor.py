@@ -24,6 +24,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import TypeVar
 
 from plugin.backends.base import Backend
 from plugin.backends.sysfs import read_contents, reading_now
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 
 Publish = Callable[[DeviceSet], Awaitable[None]]
 TriggerSource = Callable[[], AsyncIterator[str]]
+T = TypeVar("T")
 
 DEBOUNCE_SECONDS = 0.02
 STALL_TIMEOUT_SECONDS = 10.0
@@ -67,13 +69,14 @@ class DeviceMonitor:
         self._publishing = asyncio.Lock()
         self._stalled: Job | None = None
         """The call that made the monitor report every device Unhealthy, until a scan ends."""
+        self._publish: Publish | None = None
 
     async def scan(self) -> DeviceSet:
         """One scan, never raising: a failing backend keeps the previous snapshot."""
         try:
             async with self._sysfs:
-                devices = await self._worker.run(f"{self.backend.name} discovery scan",
-                                                 self._scan_and_read_health)
+                devices = await self._watched(f"{self.backend.name} discovery scan",
+                                              self._scan_and_read_health)
             return _dedupe(devices, self.backend.name)
         except Exception:
             log.exception("%s discovery failed; keeping the previous device list",
@@ -98,7 +101,7 @@ class DeviceMonitor:
             if not files:
                 continue
             async with self._sysfs:
-                reading = await self._worker.run(
+                reading = await self._watched(
                     f"{self.backend.name} health re-read", functools.partial(read_contents, files))
             if reading != self._health_reading:
                 self._health_reading = reading
@@ -107,15 +110,11 @@ class DeviceMonitor:
 
     async def run(self, publish: Publish) -> None:
         """Publish the first snapshot, then every changed one, until cancelled."""
-        watchdog = asyncio.create_task(self._watchdog(publish))
-        try:
-            await self._scan_and_publish(publish)
-            if self.backend.static:
-                return
-            await self._follow_changes(publish)
-        finally:
-            watchdog.cancel()
-            await asyncio.gather(watchdog, return_exceptions=True)
+        self._publish = publish
+        await self._scan_and_publish(publish)
+        if self.backend.static:
+            return
+        await self._follow_changes(publish)
 
     async def _follow_changes(self, publish: Publish) -> None:
         watcher = DirectoryWatcher()
@@ -124,8 +123,11 @@ class DeviceMonitor:
         tasks += [asyncio.create_task(self._follow(source)) for source in self.triggers]
         try:
             while True:
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
+                # cancellation that arrives as the event is set, and the loop never ends.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.rescan_interval)
+                    async with asyncio.timeout(self.rescan_interval):
+                        await self._wake.wait()
                     await asyncio.sleep(DEBOUNCE_SECONDS)
                 self._wake.clear()
                 self._watch_paths(watcher)
@@ -154,26 +156,34 @@ class DeviceMonitor:
             if changed or stalled is not None:
                 await publish(snapshot)
 
-    async def _watchdog(self, publish: Publish) -> None:
-        """Name a call that is slow; past the stall timeout report every device Unhealthy."""
+    async def _watched(self, what: str, call: Callable[[], T]) -> T:
+        """Run a blocking sysfs call on the worker, under the watchdog.
+
+        The watchdog is the waiting itself, so an idle monitor pays nothing for it: a call
+        slower than ``min(2 s, half the stall timeout)`` is named in an error, one that
+        reaches the stall timeout makes every device Unhealthy, and once it returns a rescan
+        publishes the real state.
+        """
+        call_done = asyncio.ensure_future(self._worker.run(what, call))
         slow_after = min(SLOW_CALL_SECONDS, self.stall_timeout / 2)
-        tick = min(0.5, slow_after / 4)
-        named: Job | None = None
-        while True:
-            await asyncio.sleep(tick)
+        try:
+            done, _ = await asyncio.wait({call_done}, timeout=slow_after)
             job = self._worker.current
-            if job is None:
-                if self._stalled is not None:
-                    self._wake.set()  # the stuck call returned: rescan to publish the truth
-                continue
-            if job is not named and job.age() >= slow_after:
-                named = job
+            if not done and job is not None:
                 log.error("%s has not returned for %.1f s%s; devices are not being updated "
                           "meanwhile", job.what, job.age(), _stuck_on(job))
-            if self._stalled is None and job.age() >= self.stall_timeout:
-                await self._report_stall(job, publish)
+                done, _ = await asyncio.wait({call_done}, timeout=self.stall_timeout - job.age())
+                if not done and self._stalled is None:
+                    await self._report_stall(job)
+            result = await call_done
+        except asyncio.CancelledError:
+            call_done.cancel()
+            raise
+        if self._stalled is not None:
+            self._wake.set()  # the stuck call returned: rescan to publish the truth
+        return result
 
-    async def _report_stall(self, job: Job, publish: Publish) -> None:
+    async def _report_stall(self, job: Job) -> None:
         async with self._publishing:
             if self._worker.current is not job:
                 return  # it returned while the lock was awaited
@@ -185,8 +195,9 @@ class DeviceMonitor:
                 return
             log.error("%s; reporting all %d devices Unhealthy until it completes",
                       reason, len(self._last))
-            await publish(DeviceSet.of(
-                replace(d, health=Health.UNHEALTHY, health_reason=reason) for d in self._last))
+            if self._publish is not None:
+                await self._publish(DeviceSet.of(
+                    replace(d, health=Health.UNHEALTHY, health_reason=reason) for d in self._last))
 
     def _announce(self, snapshot: DeviceSet) -> None:
         if self._last is None:

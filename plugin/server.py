@@ -289,7 +289,8 @@ class ResourceServer:
             self._served = identity(self.socket_path)
         target = f"unix://{self.socket_path.absolute()}"
         async with grpc.aio.insecure_channel(target) as channel:
-            await asyncio.wait_for(channel.channel_ready(), self.timing.confirm_timeout)
+            async with asyncio.timeout(self.timing.confirm_timeout):
+                await channel.channel_ready()
         log.debug("%s: serving on %s", self.resource_name, self.socket_path)
 
     async def _unserve(self) -> None:
