@@ -30,6 +30,7 @@ from plugin.backends.base import Backend
 from plugin.backends.sysfs import read_contents, reading_now
 from plugin.dirwatch import DirectoryWatcher
 from plugin.model import Device, DeviceSet, Health
+from plugin.supervise import supervise
 from plugin.worker import BlockingWorker, Job
 
 log = logging.getLogger(__name__)
@@ -118,9 +119,17 @@ class DeviceMonitor:
 
     async def _follow_changes(self, publish: Publish) -> None:
         watcher = DirectoryWatcher()
-        tasks = [asyncio.create_task(self._follow_dirs(watcher)),
-                 asyncio.create_task(self._follow_health())]
-        tasks += [asyncio.create_task(self._follow(source)) for source in self.triggers]
+        # Each follower runs supervised: one that fails or ends (a uevent socket error, a
+        # backend raising while listing its health files) is logged and restarted instead
+        # of leaving the monitor deaf to that kind of change.
+        followers: dict[str, Callable[[], Awaitable[None]]] = {
+            "device-node watcher": lambda: self._follow_dirs(watcher),
+            "health re-read": self._follow_health,
+        }
+        for number, source in enumerate(self.triggers, start=1):
+            followers[f"uevent listener {number}"] = functools.partial(self._follow, source)
+        tasks = [asyncio.create_task(supervise(name, follow), name=name)
+                 for name, follow in followers.items()]
         try:
             while True:
                 # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
@@ -223,6 +232,8 @@ class DeviceMonitor:
 
     async def _follow_dirs(self, watcher: DirectoryWatcher) -> None:
         self._watch_paths(watcher)
+        if not watcher.available:  # said once already; rescans do the work
+            await asyncio.Event().wait()
         async for event in watcher.events():
             log.debug("rescan: %s %s in %s", event.change, event.name, event.directory)
             self._wake.set()
