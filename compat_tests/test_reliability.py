@@ -124,6 +124,7 @@ async def test_20000_allocates_leave_memory_and_descriptors_flat(kubelet, plugin
     for index in range(20000):
         await node.allocate(RESOURCE, [ALL_UNITS[index % 4]])
     growth = rss_kib(daemon) - before_rss
+    print(f"RSS growth over 20,000 Allocates: {growth} KiB")
     assert growth < 2048, f"RSS grew by {growth} KiB over 20,000 Allocates"
     fds, threads = resources_of(daemon)
     assert fds <= before[0] + 2 and threads <= before[1] + 2
