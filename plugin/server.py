@@ -96,6 +96,8 @@ class Timing:
     stop_grace: float = 0.05
     holder_poll: float = 0.25
     """How often a server waiting for another process's socket checks that it is still live."""
+    holder_reminder: float = 300.0
+    """How often a server still waiting says so again (a plugin left running for hours)."""
     handover_settle: float = 0.1
     """Pause between taking over a socket and registering, so the kubelet has processed the
     previous holder's stream end first (kubelets before kubernetes#135437 drop a newer
@@ -132,6 +134,7 @@ class ResourceServer:
         self._socket_freed = asyncio.Event()
         self._round_target: FileIdentity | None = None
         self._waited_for: SocketHeld | None = None
+        self._waiting_since = self._last_reminder = 0.0
         self._stop = asyncio.Event()
 
     # The ServedResource protocol the adapters read.
@@ -204,13 +207,17 @@ class ResourceServer:
 
     async def _wait_for_holder(self, held: SocketHeld) -> None:
         """Wait until the process serving our socket path is gone, without touching it."""
+        now = asyncio.get_running_loop().time()
         if self._waited_for is None:
             log.warning(
                 "%s: %s; another instance of this plugin (a rolling update) or the plugin it "
                 "replaces is still running. Waiting for it to stop; taking over then.",
                 self.resource_name, held)
-        else:
-            log.debug("%s: still waiting: %s", self.resource_name, held)
+            self._waiting_since = self._last_reminder = now
+        elif now - self._last_reminder >= self.timing.holder_reminder:
+            log.warning("%s: still waiting after %.0f s: %s", self.resource_name,
+                        now - self._waiting_since, held)
+            self._last_reminder = now
         self._waited_for = held
         self._socket_freed.clear()
         waiters = [asyncio.create_task(self._socket_freed.wait()),

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import socket
+import tempfile
 from pathlib import Path
 
+from api_versions.negotiate import adapters
+from api_versions.retry import RetryPolicy
+from plugin.feed import DeviceFeed
+from plugin.server import ResourceServer, Timing
 from plugin.socket_claim import PathState, probe
 
 
@@ -29,3 +36,26 @@ def test_absent_stale_live_and_not_a_socket(tmp_path: Path) -> None:
     path.unlink()
     path.write_text("left over\n")
     assert probe(path).state is PathState.STALE
+
+
+async def test_a_waiting_server_reminds_and_never_touches_the_live_socket(caplog) -> None:
+    directory = Path(tempfile.mkdtemp(prefix="dps", dir="/tmp"))
+    path = directory / "a.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as holder:
+        holder.bind(str(path))
+        holder.listen()
+        inode = os.stat(path).st_ino
+        server = ResourceServer("example.com/fpga", directory, "a.sock", DeviceFeed(),
+                                adapters(), RetryPolicy(),
+                                Timing(holder_poll=0.05, holder_reminder=0.3))
+        caplog.set_level(logging.WARNING, logger="plugin.server")
+        task = asyncio.create_task(server.run())
+        await asyncio.sleep(0.8)
+        server.stop()
+        await asyncio.wait_for(task, 5)
+        assert os.stat(path).st_ino == inode, "the live socket was left alone"
+    warnings = [r.getMessage() for r in caplog.records]
+    assert sum("Waiting for it to stop" in m for m in warnings) == 1
+    assert any("still waiting after" in m for m in warnings), warnings
+    path.unlink()
+    directory.rmdir()
