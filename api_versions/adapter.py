@@ -60,18 +60,26 @@ class Adapter(ABC):
     def register_method(self) -> Method:
         return self.wire.method("Registration", "Register")
 
-    def register_request(self, resource_name: str, endpoint: str) -> Message:
+    def register_request(self, resource: ServedResource, endpoint: str) -> Message:
         return self.wire.new(
             "RegisterRequest",
             version=self.register_version,
             endpoint=endpoint,
-            resource_name=resource_name,
-            **self.register_extras(),
+            resource_name=resource.resource_name,
+            **self.register_extras(resource),
         )
 
-    def register_extras(self) -> dict[str, Any]:
+    def register_extras(self, resource: ServedResource) -> dict[str, Any]:
         """Fields beyond version/endpoint/resource_name that this generation sends."""
         return {}
+
+    def registration_terms(self, resource: ServedResource) -> object:
+        """What the kubelet learns once, at registration, and never asks again.
+
+        The server registers anew when this changes under a registration (for v1beta1, the
+        options, which follow the devices); generations without options have none.
+        """
+        return None
 
     def handlers(self, resource: ServedResource) -> dict[str, grpc.RpcMethodHandler]:
         """gRPC handlers of this generation's DevicePlugin service, keyed by method path."""

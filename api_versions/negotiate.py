@@ -28,7 +28,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from api_versions.adapter import Adapter
+from api_versions.adapter import Adapter, ServedResource
 from api_versions.retry import RetryPolicy
 from api_versions.v1alpha1 import V1Alpha1
 from api_versions.v1alpha2 import V1Alpha2
@@ -110,13 +110,13 @@ def classify(error: grpc.aio.AioRpcError, generation: str) -> NegotiationError:
 
 
 async def register_once(
-    directory: Path, adapter: Adapter, resource_name: str, endpoint: str, timeout: float
+    directory: Path, adapter: Adapter, resource: ServedResource, endpoint: str, timeout: float
 ) -> None:
     """One Register call through ``adapter``; raises a NegotiationError on any failure."""
     kubelet = directory / KUBELET_SOCKET
     if not kubelet.exists():
         raise TransientFailure(f"{kubelet} does not exist (kubelet not running?)")
-    request = adapter.register_request(resource_name, endpoint)
+    request = adapter.register_request(resource, endpoint)
     target = f"unix://{kubelet.absolute()}"
     async with grpc.aio.insecure_channel(target, options=FRESH_CONNECTION) as channel:
         register = client_call(channel, adapter.register_method)
@@ -129,7 +129,7 @@ async def register_once(
 async def negotiate(
     directory: Path,
     candidates: Sequence[Adapter],
-    resource_name: str,
+    resource: ServedResource,
     endpoint: str,
     policy: RetryPolicy,
     before_attempt: Callable[[Adapter], None] = lambda _adapter: None,
@@ -143,7 +143,7 @@ async def negotiate(
     for adapter in candidates:
         before_attempt(adapter)
         try:
-            await _register_with_retries(directory, adapter, resource_name, endpoint, policy)
+            await _register_with_retries(directory, adapter, resource, endpoint, policy)
         except NotThisVersion as refusal:
             log.info("kubelet does not speak %s (%s); trying the next generation",
                      adapter.name, refusal)
@@ -152,13 +152,14 @@ async def negotiate(
         except TransientFailure as failure:
             raise KubeletUnreachable(adapter.name, str(failure), policy.attempts) from None
         log.info("registered %s through API generation %s (endpoint %s)",
-                 resource_name, adapter.name, endpoint)
+                 resource.resource_name, adapter.name, endpoint)
         return adapter
     raise NoGenerationAccepted(tried)
 
 
 async def _register_with_retries(
-    directory: Path, adapter: Adapter, resource_name: str, endpoint: str, policy: RetryPolicy
+    directory: Path, adapter: Adapter, resource: ServedResource, endpoint: str,
+    policy: RetryPolicy,
 ) -> None:
     def before_sleep(state: RetryCallState) -> None:
         outcome = state.outcome.exception() if state.outcome else None
@@ -177,5 +178,5 @@ async def _register_with_retries(
     )
     async for attempt in retrying:
         with attempt:
-            await register_once(directory, adapter, resource_name, endpoint,
+            await register_once(directory, adapter, resource, endpoint,
                                 policy.register_timeout)

@@ -8,7 +8,7 @@ import grpc
 from google.protobuf.message import Message
 
 from api_versions.adapter import Adapter, Behaviour, ServedResource
-from plugin.allocation import preferred_allocation
+from plugin.allocation import preference_matters, preferred_allocation
 from plugin.model import MAX_NUMA_NODES, Device
 
 
@@ -17,19 +17,23 @@ class V1Beta1(Adapter):
     register_version = "v1beta1"
 
     #: PreStartContainer would only add a 30 s-bounded call per container for nothing: FPGA
-    #: ports need no reset before use. Preferred allocation is what NUMA packing needs.
+    #: ports need no reset before use.
     pre_start_required = False
-    get_preferred_allocation_available = True
 
-    def options(self) -> Message:
+    def options(self, resource: ServedResource) -> Message:
+        """Preferred allocation is advertised only where it can change the kubelet's choice
+        (NUMA packing); elsewhere it would cost every container a call for nothing."""
         return self.wire.new(
             "DevicePluginOptions",
             pre_start_required=self.pre_start_required,
-            get_preferred_allocation_available=self.get_preferred_allocation_available,
+            get_preferred_allocation_available=preference_matters(resource.feed.current),
         )
 
-    def register_extras(self) -> dict[str, Any]:
-        return {"options": self.options()}
+    def register_extras(self, resource: ServedResource) -> dict[str, Any]:
+        return {"options": self.options(resource)}
+
+    def registration_terms(self, resource: ServedResource) -> object:
+        return self.options(resource).SerializeToString(deterministic=True)
 
     def device_message(self, device: Device) -> Message:
         """The Device with its NUMA node; a node no kernel can have raises ValueError."""
@@ -44,7 +48,7 @@ class V1Beta1(Adapter):
 
     def behaviours(self, resource: ServedResource) -> dict[str, Behaviour]:
         async def get_options(_request: Message, _context: grpc.aio.ServicerContext) -> Message:
-            return self.options()
+            return self.options(resource)
 
         async def preferred(request: Any, _context: grpc.aio.ServicerContext) -> Message:
             devices = resource.feed.current

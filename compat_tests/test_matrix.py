@@ -14,6 +14,7 @@ import grpc
 import pytest
 
 from compat_tests.kubelet import PluginCallError
+from plugin.backends.fake_sysfs import FakeNode
 
 RESOURCE = "b-com.com/accelerator"
 ALL_UNITS = ["0", "1", "2", "3"]
@@ -60,8 +61,9 @@ async def test_register_advertise_allocate_and_stop(kubelet, plugin, model, gene
     assert daemon.alive
 
     if node.model.calls_preferred_allocation:
-        chosen = await node.preferred_allocation(RESOURCE, ALL_UNITS, ["2"], 2)
-        assert "2" in chosen and len(chosen) == 2 and set(chosen) <= set(ALL_UNITS)
+        # Units carry no topology, so no preferred allocation could beat the kubelet's own
+        # pick: none is advertised, and the kubelet makes one call per container, not two.
+        assert not node.options(RESOURCE).preferred_allocation_available
 
     assert await daemon.terminate() == 0
     assert not daemon.socket_path.exists()
@@ -184,4 +186,31 @@ async def test_restricted_to_v1alpha2_against_recent_kubelet(kubelet, plugin):
     assert "v1alpha2" in entry["message"]
     await asyncio.sleep(1.0)
     assert node.registrations == [] and node.register_calls == 0
+    assert daemon.alive
+
+
+@pytest.mark.parametrize("model", ["1.19", "1.26"])
+async def test_preferred_allocation_follows_topology(kubelet, plugin, tmp_path, model):
+    """Advertised once a device has a NUMA node, by registering again: options are read once."""
+    fake = FakeNode(tmp_path / "node")
+    fake.add_dfl_card("0000:3b:00.0", numa_node=-1)
+    fake.add_dfl_card("0000:d8:00.0", numa_node=-1)
+    node = await kubelet(model)
+    daemon = plugin(extra=["--backend", "intel", "--sysfs-root", str(fake.sysfs_root),
+                           "--dev-root", str(fake.dev_root), "--rescan-interval", "0.2"])
+    await node.wait_for_devices(RESOURCE, lambda d: len(d) == 2, timeout=SETTLE)
+    assert not node.options(RESOURCE).preferred_allocation_available
+
+    for bdf, numa in (("0000:3b:00.0", "0"), ("0000:d8:00.0", "1")):
+        (fake.function_path(bdf) / "numa_node").write_text(numa + "\n")
+    await node.wait_until(
+        lambda: len(node.registrations) == 2 and node.is_connected(RESOURCE), timeout=SETTLE,
+        what="a second registration, connected")
+    await node.wait_for_devices(RESOURCE, lambda d: len(d) == 2, timeout=SETTLE)
+    assert node.options(RESOURCE).preferred_allocation_available
+    chosen = await node.preferred_allocation(
+        RESOURCE, ["0000:3b:00.0", "0000:d8:00.0"], [], 1)
+    assert chosen == ["0000:3b:00.0"]
+    await asyncio.sleep(1.0)
+    assert len(node.registrations) == 2, "registered again once, not on every rescan"
     assert daemon.alive

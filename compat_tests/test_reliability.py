@@ -20,6 +20,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from api_versions.wire import WireApi, client_call
 from compat_tests.kubelet import PluginCallError
 from compat_tests.plugin_process import PluginProcess
 from compat_tests.test_matrix import ALL_UNITS, RESOURCE, SETTLE, assert_serves_units, unit_ids
@@ -415,6 +416,19 @@ async def test_damaged_sysfs_files_under_allocate_load(kubelet, plugin, tmp_path
 # -- hostile requests ---------------------------------------------------------------------
 
 
+async def preferred_directly(socket_path: Path, available: list[str], must_include: list[str],
+                             size: int) -> list[str]:
+    """GetPreferredAllocation as any client on the node could send it."""
+    wire = WireApi.load("v1beta1")
+    method = wire.method("DevicePlugin", "GetPreferredAllocation")
+    request = wire.new("PreferredAllocationRequest", container_requests=[wire.new(
+        "ContainerPreferredAllocationRequest", available_deviceIDs=available,
+        must_include_deviceIDs=must_include, allocation_size=size)])
+    async with grpc.aio.insecure_channel(f"unix://{socket_path}") as channel:
+        answer = await client_call(channel, method)(request, timeout=10)
+    return list(answer.container_responses[0].deviceIDs)
+
+
 @pytest.mark.parametrize("log_format", ["text", "json"])
 async def test_hostile_requests_are_refused_in_bounded_words(kubelet, plugin, log_format):
     node = await kubelet("1.26")
@@ -435,9 +449,10 @@ async def test_hostile_requests_are_refused_in_bounded_words(kubelet, plugin, lo
     with pytest.raises(PluginCallError):
         await node.allocate(RESOURCE, [forged, "\x1b[2J"])
 
-    chosen = await node.preferred_allocation(RESOURCE, ["1", "2"], ["9", "1"], 2)
+    # Units carry no topology, so the kubelet is never told to call this; any client can.
+    chosen = await preferred_directly(daemon.socket_path, ["1", "2"], ["9", "1"], 2)
     assert chosen == ["1", "2"], "never an ID that is not available and owned"
-    assert await node.preferred_allocation(RESOURCE, ALL_UNITS, [], -1) == []
+    assert await preferred_directly(daemon.socket_path, ALL_UNITS, [], -1) == []
 
     await asyncio.sleep(0.2)
     assert daemon.alive

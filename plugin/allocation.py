@@ -119,6 +119,16 @@ def _unique(items: Iterable[T]) -> tuple[T, ...]:
     return tuple(dict.fromkeys(items))
 
 
+def preference_matters(devices: DeviceSet) -> bool:
+    """Whether a preferred allocation can ever differ from the kubelet's own pick.
+
+    It only does by packing NUMA nodes: with no device carrying topology, every healthy
+    choice is as good as any other, and advertising GetPreferredAllocation would only make
+    the kubelet pay one more call per container for nothing.
+    """
+    return any(d.numa_node is not None for d in devices)
+
+
 def preferred_allocation(
     devices: DeviceSet,
     available: Sequence[str],

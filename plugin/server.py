@@ -329,8 +329,22 @@ class ResourceServer:
             self.generation = adapter.name
             self.registrations += 1
             metrics.registered(self.resource_name, adapter.name, self._generation_names)
-            await self._stop.wait()
+            await self._hold_terms(adapter, adapter.registration_terms(self))
             return
+
+    async def _hold_terms(self, adapter: Adapter, registered: object) -> None:
+        """Stay registered; register anew when what the kubelet was told no longer holds.
+
+        The kubelet reads a plugin's options once, at registration: when the devices change
+        what they should say (topology appearing makes preferred allocation worth a call),
+        the only way to tell it is to register again.
+        """
+        async for _devices in self._feed.subscribe():
+            if adapter.registration_terms(self) != registered:
+                self.restart("the devices changed what registration tells the kubelet "
+                             "(preferred allocation)")
+                break
+        await self._stop.wait()
 
     async def _round(self) -> Adapter | NegotiationError | None:
         """One negotiation round: the adapter, why it failed, or None if a kubelet came.
@@ -342,7 +356,7 @@ class ResourceServer:
         self._round_target = identity(self.directory / KUBELET_SOCKET)
         self._kubelet_appeared.clear()
         attempt = asyncio.create_task(negotiate(
-            self.directory, self.candidates, self.resource_name, self.socket_name,
+            self.directory, self.candidates, self, self.socket_name,
             self.policy, before_attempt=self._offer,
         ))
         appeared = asyncio.create_task(self._kubelet_appeared.wait())

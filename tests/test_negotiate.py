@@ -19,10 +19,24 @@ from api_versions.negotiate import (
 )
 from api_versions.retry import RetryPolicy
 from api_versions.wire import WireApi, rpc_handler
+from plugin.feed import DeviceFeed
+from plugin.model import Device, DeviceSet
 
 FAST = RetryPolicy(attempts=4, initial_backoff=0.01, max_backoff=0.02, jitter=0.0,
                    register_timeout=2.0)
 Script = Callable[[object], tuple[grpc.StatusCode, str] | None]
+
+
+class Resource:
+    """The served resource negotiation registers: a name and its device feed."""
+
+    resource_name = "b-com.com/accelerator"
+
+    def __init__(self, *devices: Device) -> None:
+        self.feed = DeviceFeed(DeviceSet.of(devices))
+
+
+RESOURCE = Resource(Device(id="0000:5e:00.0", backend="intel", numa_node=0))
 
 
 @pytest.fixture
@@ -71,7 +85,7 @@ async def test_unimplemented_and_version_refusal_move_on_at_once(directory: Path
     )
     offered: list[str] = []
     try:
-        chosen = await negotiate(directory, adapters(), "b-com.com/accelerator", "a.sock", FAST,
+        chosen = await negotiate(directory, adapters(), RESOURCE, "a.sock", FAST,
                                  before_attempt=lambda a: offered.append(a.name))
     finally:
         await kubelet.stop(0)
@@ -87,7 +101,7 @@ async def test_transient_failures_are_retried_on_the_same_generation(directory: 
                     None])
     kubelet = await scripted_kubelet(directory, "v1beta1", lambda _r: next(answers))
     try:
-        chosen = await negotiate(directory, adapters(), "b-com.com/accelerator", "a.sock", FAST)
+        chosen = await negotiate(directory, adapters(), RESOURCE, "a.sock", FAST)
     finally:
         await kubelet.stop(0)
     assert chosen.name == "v1beta1"
@@ -100,7 +114,7 @@ async def test_absent_kubelet_is_unreachable_without_trying_other_generations(
 ) -> None:
     offered: list[str] = []
     with pytest.raises(KubeletUnreachable, match="4 tries of v1beta1"):
-        await negotiate(directory, adapters(), "b-com.com/accelerator", "a.sock", FAST,
+        await negotiate(directory, adapters(), RESOURCE, "a.sock", FAST,
                         before_attempt=lambda a: offered.append(a.name))
     assert offered == ["v1beta1"]
 
@@ -114,7 +128,7 @@ async def test_kubelet_accepting_nothing_names_every_generation(directory: Path)
     )
     try:
         with pytest.raises(NoGenerationAccepted) as failure:
-            await negotiate(directory, adapters(), "b-com.com/accelerator", "a.sock", FAST)
+            await negotiate(directory, adapters(), RESOURCE, "a.sock", FAST)
     finally:
         await kubelet.stop(0)
     assert [name for name, _ in failure.value.tried] == ["v1beta1", "v1alpha2", "v1alpha1"]
@@ -127,7 +141,7 @@ async def test_other_errors_are_a_refusal_not_a_version_problem(directory: Path)
     )
     try:
         with pytest.raises(RegistrationRefused, match="invalid resource name"):
-            await negotiate(directory, adapters(), "b-com.com/accelerator", "a.sock", FAST)
+            await negotiate(directory, adapters(), RESOURCE, "a.sock", FAST)
     finally:
         await kubelet.stop(0)
     assert len(kubelet.calls) == 1
@@ -155,7 +169,19 @@ async def test_hanging_kubelet_hits_the_deadline_and_is_retried(directory: Path)
                          register_timeout=0.2)
     try:
         with pytest.raises(KubeletUnreachable, match="DEADLINE_EXCEEDED"):
-            await negotiate(directory, adapters(), "b-com.com/accelerator", "a.sock", policy)
+            await negotiate(directory, adapters(), RESOURCE, "a.sock", policy)
     finally:
         await server.stop(0)
     assert calls == 2
+
+
+def test_preferred_allocation_is_advertised_only_where_topology_can_change_the_choice() -> None:
+    v1beta1 = next(a for a in adapters() if a.name == "v1beta1")
+    units = Resource(*(Device(id=str(i), backend="units") for i in range(4)))
+    assert not v1beta1.register_request(units, "a.sock").options \
+        .get_preferred_allocation_available
+    assert v1beta1.register_request(RESOURCE, "a.sock").options \
+        .get_preferred_allocation_available
+    assert v1beta1.registration_terms(units) != v1beta1.registration_terms(RESOURCE)
+    older = [a for a in adapters() if a.name != "v1beta1"]
+    assert all(a.registration_terms(units) is None for a in older)
