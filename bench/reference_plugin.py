@@ -1,10 +1,13 @@
 """A minimal v1beta1 device plugin that does no work per call: the framework's own floor.
 
-``python -m bench.reference_plugin SOCKET N`` serves N devices on SOCKET with Python's
+``python -m bench.reference_plugin DIR N`` serves N devices on ``DIR/reference.sock`` and
+registers them with the kubelet on ``DIR/kubelet.sock`` (as ``example.com/reference``), so
+a kubelet holds its ListAndWatch stream exactly as it holds the real plugin's. It uses Python's
 grpc.aio, the same gRPC stack and wire definitions as the real plugin, and answers every
-call with a canned response: the first requested IDs as the preferred allocation, one env
-variable for Allocate. Nothing is validated, logged or counted. Whatever the real plugin
-costs beyond this reference is ours to remove; what this costs is the language and gRPC.
+call with a canned response (one env variable for Allocate). Like the simplest plugins, it
+does not advertise preferred allocation, so a kubelet makes one call per container. Nothing
+is validated, logged or counted. Whatever the real plugin costs beyond this reference is
+ours to remove; what this costs is the language and gRPC.
 """
 
 from __future__ import annotations
@@ -13,16 +16,17 @@ import asyncio
 import signal
 import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import grpc
 
-from api_versions.wire import WireApi, rpc_handler
+from api_versions.wire import WireApi, client_call, rpc_handler
 
 
 def handlers(wire: WireApi, count: int) -> dict[str, grpc.RpcMethodHandler]:
     methods = wire.methods("DevicePlugin")
-    options = wire.new("DevicePluginOptions", get_preferred_allocation_available=True)
+    options = wire.new("DevicePluginOptions")
     devices = wire.new("ListAndWatchResponse", devices=[
         wire.new("Device", ID=str(i), health="Healthy") for i in range(count)])
 
@@ -54,17 +58,26 @@ def handlers(wire: WireApi, count: int) -> dict[str, grpc.RpcMethodHandler]:
     return {methods[n].path: rpc_handler(methods[n], fn) for n, fn in behaviours.items()}
 
 
-async def serve(socket_path: str, count: int) -> None:
+SOCKET = "reference.sock"
+RESOURCE = "example.com/reference"
+
+
+async def serve(directory: Path, count: int) -> None:
+    wire = WireApi.load("v1beta1")
     server = grpc.aio.server()
-    table = handlers(WireApi.load("v1beta1"), count)
+    table = handlers(wire, count)
 
     class Router(grpc.GenericRpcHandler):
         def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
             return table.get(details.method)  # type: ignore[attr-defined]
 
     server.add_generic_rpc_handlers([Router()])
-    server.add_insecure_port(f"unix://{socket_path}")
+    server.add_insecure_port(f"unix://{directory / SOCKET}")
     await server.start()
+    async with grpc.aio.insecure_channel(f"unix://{directory / 'kubelet.sock'}") as channel:
+        register = client_call(channel, wire.method("Registration", "Register"))
+        await register(wire.new("RegisterRequest", version="v1beta1", endpoint=SOCKET,
+                                resource_name=RESOURCE), timeout=10)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -74,4 +87,4 @@ async def serve(socket_path: str, count: int) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(serve(sys.argv[1], int(sys.argv[2])))
+    asyncio.run(serve(Path(sys.argv[1]), int(sys.argv[2])))
