@@ -9,24 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-from bench.serving import spawn_serve
+from bench.serving import spawn_units
 from bench.serving import stop as _stop
 from bench.table import Row, median, ms, percentile
 from compat_tests.kubelet import KubeletEmulator
 
 RESOURCE = "b-com.com/accelerator"
+UNITS = 40
 STARTS = 5
 RESTARTS = 10
 ALLOCATIONS = 1000
 
-
-def _spawn(directory: Path) -> subprocess.Popen[bytes]:
-    return spawn_serve(directory, "--backend", "units", "--accel-nbunits", "40")
 
 
 def _rss_mib(pid: int) -> float:
@@ -39,7 +36,7 @@ def _rss_mib(pid: int) -> float:
 async def _start_to_registered(directory: Path) -> float:
     async with KubeletEmulator(directory, "1.26") as kubelet:
         began = time.perf_counter()
-        process = _spawn(directory)
+        process = spawn_units(directory, UNITS)
         try:
             await kubelet.wait_for_registrations(1, timeout=30)
             return time.perf_counter() - began
@@ -48,7 +45,7 @@ async def _start_to_registered(directory: Path) -> float:
 
 
 async def _serving_figures(directory: Path) -> tuple[list[float], list[float], float]:
-    process = _spawn(directory)
+    process = spawn_units(directory, UNITS)
     try:
         kubelet = KubeletEmulator(directory, "1.26")
         await kubelet.start()

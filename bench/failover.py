@@ -17,22 +17,20 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.serving import spawn_serve
+from bench.serving import spawn_units
 from bench.serving import stop as _stop
 from bench.table import Row, median, ms
 from compat_tests.kubelet import KubeletEmulator
 
 RESOURCE = "b-com.com/accelerator"
+UNITS = 8
 HANDOVERS = 5
 CRASHES = 5
 CRASH_DOWNTIME = 2.0
 
 
-def _spawn(directory: Path) -> subprocess.Popen[bytes]:
-    return spawn_serve(directory, "--backend", "units", "--accel-nbunits", "8")
 
-
-async def _wait_for_waiting(kubelet: KubeletEmulator, process: subprocess.Popen[bytes]) -> None:
+async def _wait_for_waiting(process: subprocess.Popen[bytes]) -> None:
     """Give the newcomer time to start, probe the socket and settle into waiting."""
     await asyncio.sleep(1.5)
     if process.poll() is not None:
@@ -42,11 +40,11 @@ async def _wait_for_waiting(kubelet: KubeletEmulator, process: subprocess.Popen[
 async def _handovers(directory: Path, kill: bool) -> list[float]:
     figures = []
     async with KubeletEmulator(directory, "1.26") as kubelet:
-        old = _spawn(directory)
+        old = spawn_units(directory, UNITS)
         await kubelet.wait_for_devices(RESOURCE, timeout=30)
         for _ in range(HANDOVERS):
-            new = _spawn(directory)
-            await _wait_for_waiting(kubelet, new)
+            new = spawn_units(directory, UNITS)
+            await _wait_for_waiting(new)
             registered = len(kubelet.registrations)
             gone = time.perf_counter()
             if kill:
@@ -65,7 +63,7 @@ async def _handovers(directory: Path, kill: bool) -> list[float]:
 
 async def _crashed_kubelets(directory: Path) -> list[float]:
     figures = []
-    process = _spawn(directory)
+    process = spawn_units(directory, UNITS)
     try:
         kubelet = KubeletEmulator(directory, "1.26")
         await kubelet.start()

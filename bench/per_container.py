@@ -24,6 +24,7 @@ import grpc
 
 from api_versions.wire import WireApi, client_call
 from bench import reference_plugin
+from bench.serving import serve_command
 from bench.serving import stop as _stop
 from bench.table import Row, median, ms, percentile
 from compat_tests.kubelet import KubeletEmulator
@@ -76,9 +77,7 @@ async def _registered(directory: Path, command: list[str], resource: str) -> lis
 
 
 def _ours(directory: Path, *flags: str) -> list[float]:
-    command = [sys.executable, "-m", "plugin", "serve", "--device-plugin-dir", str(directory),
-               "--log-level", "warning", *flags]
-    return asyncio.run(_registered(directory, command, RESOURCE))
+    return asyncio.run(_registered(directory, serve_command(directory, *flags), RESOURCE))
 
 
 def _reference(directory: Path) -> list[float]:

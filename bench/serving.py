@@ -8,13 +8,21 @@ import sys
 from pathlib import Path
 
 
+def serve_command(directory: Path, *flags: str) -> list[str]:
+    """The ``serve`` command line on ``directory`` with ``flags``, logging warnings only."""
+    return [sys.executable, "-m", "plugin", "serve", "--device-plugin-dir", str(directory),
+            "--log-level", "warning", *flags]
+
+
 def spawn_serve(directory: Path, *flags: str) -> subprocess.Popen[bytes]:
     """``serve`` on ``directory`` with ``flags``, quiet, in this interpreter's environment."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "plugin", "serve", "--device-plugin-dir", str(directory),
-         "--log-level", "warning", *flags],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
+    return subprocess.Popen(serve_command(directory, *flags),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def spawn_units(directory: Path, count: int) -> subprocess.Popen[bytes]:
+    """``serve`` with the units backend: ``count`` devices and no sysfs at all."""
+    return spawn_serve(directory, "--backend", "units", "--accel-nbunits", str(count))
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:

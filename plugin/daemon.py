@@ -29,7 +29,7 @@ from plugin.monitor import DeviceMonitor, TriggerSource
 from plugin.resources import group_by_resource, socket_name_for
 from plugin.server import ResourceServer, Timing
 from plugin.signals import Meaning, SignalRouter, name_of
-from plugin.supervise import supervise
+from plugin.supervise import MAX_DELAY, supervise
 
 log = logging.getLogger(__name__)
 
@@ -89,17 +89,18 @@ class Daemon:
             if self.backend.static:  # one snapshot is all a static backend ever has
                 await self._stop.wait()
 
-        loops: dict[str, tuple[Callable[[], Awaitable[object]], float]] = {
-            "device monitor": (follow_devices, MAX_LOOP_DELAY),
-            "kubelet directory watcher": (self._watch_kubelet_dir, WATCHER_MAX_DELAY),
-            "kubelet safety-net check": (self._safety_net, MAX_LOOP_DELAY),
+        loops: dict[str, Callable[[], Awaitable[object]]] = {
+            "device monitor": follow_devices,
+            "kubelet directory watcher": self._watch_kubelet_dir,
+            "kubelet safety-net check": self._safety_net,
         }
         if self.settings.heartbeat_file is not None:
-            loops["liveness heartbeat"] = (self._heartbeat, MAX_LOOP_DELAY)
+            loops["liveness heartbeat"] = self._heartbeat
         tasks = [
-            asyncio.create_task(
-                supervise(name, body, finished=self._stop.is_set, max_delay=delay), name=name)
-            for name, (body, delay) in loops.items()
+            asyncio.create_task(supervise(
+                name, body, finished=self._stop.is_set, max_delay=MAX_DELAYS.get(name, MAX_DELAY),
+            ), name=name)
+            for name, body in loops.items()
         ]
         try:
             await self._stop.wait()
@@ -277,9 +278,9 @@ def count(number: int, noun: str) -> str:
     return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
 
 
-MAX_LOOP_DELAY = 30.0
-WATCHER_MAX_DELAY = 2.0
-"""A directory watcher that cannot be armed is retried at least this often."""
+MAX_DELAYS = {"kubelet directory watcher": 2.0}
+"""Loops retried more often than supervise's default: a directory watcher that cannot be
+armed is retried at least every 2 s, so it re-arms soon after the directory appears."""
 
 
 def heartbeat_fresh(path: Path, max_age: float) -> tuple[bool, str]:
