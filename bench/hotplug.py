@@ -1,4 +1,4 @@
-"""Hot-plug as the kubelet feels it, and what an idle plugin costs.
+"""Hot-plug as the kubelet feels it (idle cost: bench/idle.py).
 
 The real ``serve`` process runs the Intel backend on a fake node (six ports) and an emulated
 1.26 kubelet holds its ListAndWatch stream. Each figure is the time from changing the tree
@@ -29,7 +29,6 @@ WATCHED = "0000:5e:00.0"
 ROUNDS = 10
 AFU_ROUNDS = 10
 RESCAN_INTERVAL = 5.0
-IDLE_SECONDS = 30.0
 PATIENCE = 30.0
 
 Devices = dict
@@ -40,11 +39,6 @@ def _spawn(directory: Path, node: FakeNode) -> subprocess.Popen[bytes]:
         directory, "--backend", "intel", "--sysfs-root", str(node.sysfs_root),
         "--dev-root", str(node.dev_root), "--rescan-interval", str(RESCAN_INTERVAL),
     )
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def _timed(kubelet: KubeletEmulator, change: Callable[[], object],
@@ -68,7 +62,7 @@ def _unhealthy(devices: Devices) -> bool:
 
 
 async def _measure(directory: Path, node: FakeNode) -> dict[str, list[float]]:
-    figures: dict[str, list[float]] = {k: [] for k in ("gone", "back", "node", "afu", "idle")}
+    figures: dict[str, list[float]] = {k: [] for k in ("gone", "back", "node", "afu")}
     process = _spawn(directory, node)
     try:
         async with KubeletEmulator(directory, "1.26") as kubelet:
@@ -89,9 +83,6 @@ async def _measure(directory: Path, node: FakeNode) -> dict[str, list[float]]:
                 figures["afu"].append(await _timed(
                     kubelet, lambda p=port: node.set_afu_id(p, CRASHED_AFU_ID), _unhealthy))
                 await _timed(kubelet, lambda p=port: node.set_afu_id(p, DEFAULT_AFU_ID), _healthy)
-            before = _cpu_seconds(process.pid)
-            await asyncio.sleep(IDLE_SECONDS)
-            figures["idle"].append(_cpu_seconds(process.pid) - before)
     finally:
         _stop(process)
     return figures
@@ -106,7 +97,6 @@ def run() -> list[Row]:
         figures = asyncio.run(_measure(directory, node))
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    idle = figures["idle"][0]
     return [
         Row("hot-plug: port removed -> ListAndWatch", ms(median(figures["gone"])), "< 1 s",
             f"median of {ROUNDS}, max {ms(max(figures['gone']))}; event-driven"),
@@ -117,9 +107,6 @@ def run() -> list[Row]:
         Row("AFU crashed -> Unhealthy", ms(median(figures["afu"])), "< 1 s",
             f"median of {AFU_ROUNDS}, max {ms(max(figures['afu']))}; no event: found by the "
             "health-file re-read (--health-interval 0.5 s)"),
-        Row(f"idle CPU over {IDLE_SECONDS:g} s", f"{100 * idle / IDLE_SECONDS:.2f} %",
-            "~0", f"{idle * 1000:.0f} ms CPU of serve: health re-reads every 0.5 s, "
-            f"rescans every {RESCAN_INTERVAL:g} s"),
     ]
 
 

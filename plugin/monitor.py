@@ -9,10 +9,13 @@ into one scan.
 
 Scans and health re-reads run one at a time on a worker thread of their own (see
 :mod:`plugin.worker`), so sysfs never stalls the event loop, a read that never returns
-cannot stop the process from exiting, and no second read is queued behind a stuck one. A
-watchdog names a call that takes too long; past ``stall_timeout`` it reports every device
-Unhealthy, because a node whose health checking is stuck must not keep advertising Healthy,
-and the next scan that completes puts the real state back.
+cannot stop the process from exiting, and no second read is queued behind a stuck one. The
+re-reads are the worker's own idle-time call, on files kept open since the last scan
+(:mod:`plugin.backends.rereads`), so an idle monitor wakes one thread per tick and the event
+loop only when a file changed. A watchdog names a call that takes too long; past
+``stall_timeout`` it reports every device Unhealthy, because a node whose health checking is
+stuck must not keep advertising Healthy, and the next scan that completes puts the real
+state back.
 """
 
 from __future__ import annotations
@@ -27,11 +30,12 @@ from pathlib import Path
 from typing import TypeVar
 
 from plugin.backends.base import Backend
-from plugin.backends.sysfs import read_contents, reading_now
+from plugin.backends.rereads import KeptFiles
+from plugin.backends.sysfs import reading_now
 from plugin.dirwatch import DirectoryWatcher
 from plugin.model import Device, DeviceSet, Health
 from plugin.supervise import supervise
-from plugin.worker import BlockingWorker, Job
+from plugin.worker import BlockingWorker, Job, Periodic
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +64,10 @@ class DeviceMonitor:
         self.rescan_interval = rescan_interval
         self.health_interval = health_interval
         self.stall_timeout = stall_timeout
-        self._health_reading: tuple[bytes | None, ...] = ()
+        self._health = KeptFiles()
+        """The health files of the last scan, kept open while the monitor runs."""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """Set while :meth:`run` runs: re-reads then keep files open and wake it on a change."""
         self.triggers = list(triggers)
         self._wake = asyncio.Event()
         self._last: DeviceSet | None = None
@@ -86,36 +93,71 @@ class DeviceMonitor:
 
     def _scan_and_read_health(self) -> list[Device]:
         devices = self.backend.scan()
-        self._health_reading = read_contents(self._health_files())
+        if self._loop is not None:
+            self._health.reset(self._health_files())
         return devices
 
     def _health_files(self) -> list[Path]:
-        return self.backend.health_files()
+        """What the worker re-reads until the next scan; nothing if the backend cannot say."""
+        try:
+            return self.backend.health_files()
+        except Exception:
+            log.exception("%s backend cannot list its health files; they are not re-read "
+                          "until the next scan", self.backend.name)
+            return []
 
-    async def _follow_health(self) -> None:
-        """Re-read only the health files between scans; a difference wakes a full scan."""
+    @property
+    def _reread_name(self) -> str:
+        return f"{self.backend.name} health re-read"
+
+    def _reread(self) -> None:
+        """On the worker, every ``health_interval`` of idleness: a changed file wakes a scan."""
+        loop = self._loop
+        if loop is not None and self._health.changed():
+            log.debug("rescan: a health attribute changed")
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(self._wake.set)
+
+    async def _watch_rereads(self) -> None:
+        """The watchdog of the worker's own re-reads, which no coroutine waits on.
+
+        Calls made from the loop are watched by :meth:`_watched`; a re-read stuck with no
+        such call behind it is found here, one check every ``min(2 s, stall_timeout / 2)``.
+        """
+        every = min(SLOW_CALL_SECONDS, self.stall_timeout / 2)
+        named: Job | None = None
         while True:
-            await asyncio.sleep(self.health_interval)
-            if self._sysfs.locked():
-                continue  # a scan is running (or stuck); it reads these files itself
-            files = self._health_files()
-            if not files:
+            await asyncio.sleep(every)
+            job = self._worker.current
+            if self._stalled is not None and job is not self._stalled:
+                self._wake.set()  # the stuck call returned: rescan to publish the truth
                 continue
-            async with self._sysfs:
-                reading = await self._watched(
-                    f"{self.backend.name} health re-read", functools.partial(read_contents, files))
-            if reading != self._health_reading:
-                self._health_reading = reading
-                log.debug("rescan: a health attribute changed")
-                self._wake.set()
+            if job is None or job.what != self._reread_name or self._sysfs.locked():
+                continue
+            if job.age() >= self.stall_timeout:
+                if self._stalled is None:
+                    await self._report_stall(job)
+            elif job.age() >= every and job is not named:
+                named = job
+                log.error("%s has not returned for %.1f s%s; devices are not being updated "
+                          "meanwhile", job.what, job.age(), _stuck_on(job))
 
     async def run(self, publish: Publish) -> None:
         """Publish the first snapshot, then every changed one, until cancelled."""
         self._publish = publish
-        await self._scan_and_publish(publish)
         if self.backend.static:
+            await self._scan_and_publish(publish)
             return
-        await self._follow_changes(publish)
+        self._loop = asyncio.get_running_loop()
+        self._worker.every(Periodic(self._reread_name, self.health_interval, self._reread,
+                                    wanted=lambda: bool(self._health.last)))
+        try:
+            await self._scan_and_publish(publish)
+            await self._follow_changes(publish)
+        finally:
+            self._loop = None
+            self._worker.every(None)
+            self._health.close()
 
     async def _follow_changes(self, publish: Publish) -> None:
         watcher = DirectoryWatcher()
@@ -124,7 +166,7 @@ class DeviceMonitor:
         # of leaving the monitor deaf to that kind of change.
         followers: dict[str, Callable[[], Awaitable[None]]] = {
             "device-node watcher": lambda: self._follow_dirs(watcher),
-            "health re-read": self._follow_health,
+            "health re-read watchdog": self._watch_rereads,
         }
         for number, source in enumerate(self.triggers, start=1):
             followers[f"uevent listener {number}"] = functools.partial(self._follow, source)

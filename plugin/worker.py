@@ -6,12 +6,18 @@ executor, whose threads ``asyncio.run`` joins on the way out: one wedged read an
 no longer exits on SIGTERM. So the work runs here instead, on a single daemon thread that
 nothing joins, one call at a time; the caller can see what is running and since when, and
 decides itself not to queue more behind a call that does not return.
+
+The same thread also runs one periodic call of its own, whenever it has been idle for a
+while (the monitor's health re-read). A periodic call driven from the event loop would wake
+three threads per tick (the loop's timer, this thread, the loop again for the result); run
+here it wakes this thread alone, and the loop only hears of it when there is news.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import queue
 import threading
 import time
@@ -20,6 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -37,6 +45,18 @@ class Job:
 _Item = tuple[str, Callable[[], Any], asyncio.Future[Any], asyncio.AbstractEventLoop]
 
 
+@dataclass(frozen=True)
+class Periodic:
+    """A call the worker makes itself after ``interval`` seconds without other work."""
+
+    what: str
+    interval: float
+    call: Callable[[], None]
+    wanted: Callable[[], bool] = lambda: True
+    """Asked before each wait; while False the thread just waits for queued calls. It may
+    change only through a queued call, which is what makes the thread ask again."""
+
+
 class BlockingWorker:
     """Runs blocking calls one after the other on a daemon thread started on first use."""
 
@@ -47,6 +67,7 @@ class BlockingWorker:
         self._start_lock = threading.Lock()
         self.current: Job | None = None
         """The call running now, None when the thread waits for work."""
+        self._periodic: Periodic | None = None
 
     async def run(self, what: str, call: Callable[[], T]) -> T:
         """Run ``call`` on the worker thread and return its result or raise its exception.
@@ -60,15 +81,54 @@ class BlockingWorker:
         self._items.put((what, call, future, loop))
         return await future
 
+    def every(self, periodic: Periodic | None) -> None:
+        """Make ``periodic`` this thread's own idle-time call (None: no such call).
+
+        It runs between queued calls, never beside one, so it needs no lock against them;
+        its clock restarts after every call, queued or periodic. It must not raise: if it
+        does, the error is logged and it runs again one interval later.
+        """
+        self._periodic = periodic
+        self._ensure_thread()
+        self._items.put(_NUDGE)  # wake the thread so it picks up the new interval
+
     def _ensure_thread(self) -> None:
         with self._start_lock:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._serve, name=self.name, daemon=True)
                 self._thread.start()
 
+    def _next(self) -> _Item | None:
+        """The next queued call, or None when the periodic call is due first."""
+        periodic = self._periodic
+        try:
+            if periodic is None or not periodic.wanted():
+                return self._items.get()
+            return self._items.get(timeout=periodic.interval)
+        except queue.Empty:
+            return None
+
+    def _run_periodic(self) -> None:
+        periodic = self._periodic
+        if periodic is None:
+            return
+        self.current = Job(periodic.what, thread_id=threading.get_ident())
+        try:
+            periodic.call()
+        except Exception:
+            log.exception("%s failed; trying again in %g s", periodic.what, periodic.interval)
+        finally:
+            self.current = None
+
     def _serve(self) -> None:
         while True:
-            what, call, future, loop = self._items.get()
+            item = self._next()
+            if item is None:
+                self._run_periodic()
+                continue
+            if item is _NUDGE:
+                continue
+            what, call, future, loop = item
             if future.cancelled():
                 continue
             self.current = Job(what, thread_id=threading.get_ident())
@@ -82,6 +142,10 @@ class BlockingWorker:
                 self.current = None
             with contextlib.suppress(RuntimeError):  # the loop closed while we were blocked
                 loop.call_soon_threadsafe(_settle, future, result, error)
+
+
+_NUDGE: Any = ("", None, None, None)
+"""Queued by :meth:`BlockingWorker.every` only to wake the thread."""
 
 
 def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:

@@ -205,3 +205,44 @@ def test_the_process_exits_while_a_scan_hangs() -> None:
     assert done.returncode == 0, done.stderr
     assert "stopping" in done.stdout
     assert time.monotonic() - started < PATIENCE
+
+
+async def test_a_stuck_health_re_read_with_no_scan_behind_it_is_caught_by_the_watchdog(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """The re-read is the worker's own call, so no coroutine waits on it: still named, still
+    reported Unhealthy past the stall timeout, and the real state returns once it does."""
+    afu_id = tmp_path / "afu_id"
+    afu_id.write_text("one\n")
+
+    class Listed(GatedBackend):
+        def health_files(self) -> list[Path]:
+            return [afu_id]
+
+    backend = Listed()
+    monitor = DeviceMonitor(backend, rescan_interval=3600, health_interval=0.05,
+                            stall_timeout=0.6)
+    gate = threading.Event()
+    real = monitor._health.changed
+
+    def hanging() -> bool:
+        gate.wait()
+        return real()
+
+    caplog.set_level(logging.INFO)
+    async with monitoring(monitor) as snapshots:
+        first = await next_snapshot(snapshots)
+        assert first.healthy_ids() == ("0000:5e:00.0", "0000:d8:00.0")
+        monitor._health.changed = hanging  # type: ignore[method-assign]
+        began = time.monotonic()
+        stalled = await next_snapshot(snapshots)
+        assert time.monotonic() - began >= 0.5
+        assert stalled.ids == first.ids and stalled.healthy_ids() == ()
+        assert all("health re-read" in d.health_reason for d in stalled)
+        assert backend.scans == 1, "the rescan interval is an hour: the watchdog found it"
+        monitor._health.changed = real  # type: ignore[method-assign]
+        gate.set()
+        recovered = await next_snapshot(snapshots)
+        assert recovered.healthy_ids() == first.healthy_ids()
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert any("health re-read has not returned" in m for m in errors), errors

@@ -101,6 +101,22 @@ def _read_regular(path: Path) -> bytes | str:
     return data
 
 
+def reread(fd: int, path: Path) -> bytes | None:
+    """The bytes of ``path`` through ``fd``, a descriptor on it kept open since a scan.
+
+    Bounded like :func:`read_contents`; None if the read fails (the device went away).
+    """
+    ident = threading.get_ident()
+    _in_progress[ident] = path
+    try:
+        data = os.pread(fd, MAX_ATTRIBUTE_BYTES + 1, 0)
+    except OSError:
+        return None
+    finally:
+        _in_progress.pop(ident, None)
+    return data if len(data) <= MAX_ATTRIBUTE_BYTES else None
+
+
 def reading_now(thread_id: int) -> Path | None:
     """The file thread ``thread_id`` is reading at this moment, if any.
 

@@ -1,0 +1,87 @@
+"""What an idle plugin costs the node, beside what Python gRPC alone costs in the same run.
+
+``serve`` watches six Intel ports at its defaults (health re-read every 0.5 s, full rescan
+every 5 s) while an emulated 1.26 kubelet holds its ListAndWatch stream; the reference
+plugin (:mod:`bench.reference_plugin`, same gRPC stack, no devices to watch) is held the same
+way. CPU time is summed over every thread from ``/proc/PID/task/*/schedstat``, which counts
+nanoseconds, where ``/proc/PID/stat`` would count 10 ms ticks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from bench import reference_plugin
+from bench.serving import spawn_serve
+from bench.serving import stop as _stop
+from bench.table import Row
+from compat_tests.kubelet import KubeletEmulator
+from plugin.backends.fake_sysfs import build_intel_node
+
+IDLE_SECONDS = 30.0
+SETTLE_SECONDS = 3.0
+RESOURCE = "b-com.com/accelerator"
+
+
+def cpu_ns(pid: int) -> dict[str, int]:
+    """CPU nanoseconds of each live thread of ``pid``, keyed ``TID:name``."""
+    threads = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            threads[f"{task.name}:{name}"] = int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # the thread ended meanwhile
+    return threads
+
+
+async def _idle_share(directory: Path, process: subprocess.Popen[bytes], resource: str,
+                      count: int) -> float:
+    """CPU share of ``process`` over IDLE_SECONDS once ``count`` devices are held."""
+    try:
+        async with KubeletEmulator(directory, "1.26") as kubelet:
+            await kubelet.wait_for_devices(resource, lambda d: len(d) == count, timeout=30)
+            await asyncio.sleep(SETTLE_SECONDS)
+            before = cpu_ns(process.pid)
+            await asyncio.sleep(IDLE_SECONDS)
+            after = cpu_ns(process.pid)
+    finally:
+        _stop(process)
+    spent = sum(ns - before.get(thread, 0) for thread, ns in after.items())
+    return spent / 1e9 / IDLE_SECONDS
+
+
+def run() -> list[Row]:
+    root = Path(tempfile.mkdtemp(prefix="dpidle", dir="/tmp"))
+    try:
+        node = build_intel_node(root / "node")
+        ours_dir, reference_dir = root / "ours", root / "reference"
+        ours_dir.mkdir()
+        reference_dir.mkdir()
+        ours = asyncio.run(_idle_share(ours_dir, spawn_serve(
+            ours_dir, "--backend", "intel", "--sysfs-root", str(node.sysfs_root),
+            "--dev-root", str(node.dev_root)), RESOURCE, 6))
+        reference = asyncio.run(_idle_share(reference_dir, subprocess.Popen(
+            [sys.executable, "-m", "bench.reference_plugin", str(reference_dir), "6"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), reference_plugin.RESOURCE, 6))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return [
+        Row(f"idle CPU over {IDLE_SECONDS:g} s, do-nothing reference plugin",
+            f"{100 * reference:.3f} %", "", "gRPC's own threads with one stream open: the floor"),
+        Row(f"idle CPU over {IDLE_SECONDS:g} s, serve, six ports, defaults",
+            f"{100 * ours:.3f} %", "< 0.1 %",
+            f"health re-read every 0.5 s (kept-open files, on the discovery thread), full "
+            f"rescan every 5 s; {100 * (ours - reference):.3f} % above the reference"),
+    ]
+
+
+if __name__ == "__main__":
+    from bench.table import render
+
+    print(render(run()))
