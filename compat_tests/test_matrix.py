@@ -191,18 +191,18 @@ async def test_restricted_to_v1alpha2_against_recent_kubelet(kubelet, plugin):
 
 @pytest.mark.parametrize("model", ["1.19", "1.26"])
 async def test_preferred_allocation_follows_topology(kubelet, plugin, tmp_path, model):
-    """Advertised once a device has a NUMA node, by registering again: options are read once."""
+    """Advertised once the devices span two NUMA nodes (on one, there is nothing to pack), by
+    registering again: the kubelet reads options once."""
     fake = FakeNode(tmp_path / "node")
-    fake.add_dfl_card("0000:3b:00.0", numa_node=-1)
-    fake.add_dfl_card("0000:d8:00.0", numa_node=-1)
+    fake.add_dfl_card("0000:3b:00.0", numa_node=0)
+    fake.add_dfl_card("0000:d8:00.0", numa_node=0)
     node = await kubelet(model)
     daemon = plugin(extra=["--backend", "intel", "--sysfs-root", str(fake.sysfs_root),
                            "--dev-root", str(fake.dev_root), "--rescan-interval", "0.2"])
     await node.wait_for_devices(RESOURCE, lambda d: len(d) == 2, timeout=SETTLE)
     assert not node.options(RESOURCE).preferred_allocation_available
 
-    for bdf, numa in (("0000:3b:00.0", "0"), ("0000:d8:00.0", "1")):
-        (fake.function_path(bdf) / "numa_node").write_text(numa + "\n")
+    (fake.function_path("0000:d8:00.0") / "numa_node").write_text("1\n")
     await node.wait_until(
         lambda: len(node.registrations) == 2 and node.is_connected(RESOURCE), timeout=SETTLE,
         what="a second registration, connected")

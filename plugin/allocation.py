@@ -63,6 +63,10 @@ def allocate(devices: DeviceSet, requested: Sequence[str]) -> ContainerAllocatio
 def _problems(devices: DeviceSet, requested: Sequence[str]) -> list[str]:
     if not requested:
         return ["no device IDs requested"]
+    if len(set(requested)) == len(requested) and all(
+        (d := devices.get(i)) is not None and d.healthy for i in requested
+    ):
+        return []  # the kubelet's every request: answered without building the diagnosis
     problems = []
     seen: set[str] = set()
     duplicated = sorted({i for i in requested if i in seen or seen.add(i)}, key=natural_key)
@@ -120,13 +124,16 @@ def _unique(items: Iterable[T]) -> tuple[T, ...]:
 
 
 def preference_matters(devices: DeviceSet) -> bool:
-    """Whether a preferred allocation can ever differ from the kubelet's own pick.
+    """Whether a preferred allocation can ever differ in effect from the kubelet's own pick.
 
-    It only does by packing NUMA nodes: with no device carrying topology, every healthy
-    choice is as good as any other, and advertising GetPreferredAllocation would only make
-    the kubelet pay one more call per container for nothing.
+    It only does by packing NUMA nodes, so only where the devices sit on more than one
+    placement (two NUMA nodes, or a NUMA node and none). With every device on one node, or
+    none carrying topology, every healthy choice is as good as any other, and advertising
+    GetPreferredAllocation would only make the kubelet pay one more call per container for
+    nothing. Health is left out on purpose: the answer is part of the registration, and a
+    device going Unhealthy must not make the plugin register again.
     """
-    return any(d.numa_node is not None for d in devices)
+    return len({d.numa_node for d in devices}) > 1
 
 
 def preferred_allocation(

@@ -36,7 +36,8 @@ class Resource:
         self.feed = DeviceFeed(DeviceSet.of(devices))
 
 
-RESOURCE = Resource(Device(id="0000:5e:00.0", backend="intel", numa_node=0))
+RESOURCE = Resource(Device(id="0000:5e:00.0", backend="intel", numa_node=0),
+                    Device(id="0000:d8:00.0", backend="intel", numa_node=1))
 
 
 @pytest.fixture
@@ -180,8 +181,14 @@ def test_preferred_allocation_is_advertised_only_where_topology_can_change_the_c
     units = Resource(*(Device(id=str(i), backend="units") for i in range(4)))
     assert not v1beta1.register_request(units, "a.sock").options \
         .get_preferred_allocation_available
-    assert v1beta1.register_request(RESOURCE, "a.sock").options \
+    one_node = Resource(*(Device(id=f"0000:{b}:00.0", backend="intel", numa_node=1)
+                          for b in ("5e", "d8")))
+    assert not v1beta1.register_request(one_node, "a.sock").options \
+        .get_preferred_allocation_available, "one NUMA node: nothing to pack"
+    two_nodes = Resource(Device(id="0000:5e:00.0", backend="intel", numa_node=0),
+                         Device(id="0000:d8:00.0", backend="intel", numa_node=1))
+    assert v1beta1.register_request(two_nodes, "a.sock").options \
         .get_preferred_allocation_available
-    assert v1beta1.registration_terms(units) != v1beta1.registration_terms(RESOURCE)
+    assert v1beta1.registration_terms(units) != v1beta1.registration_terms(two_nodes)
     older = [a for a in adapters() if a.name != "v1beta1"]
     assert all(a.registration_terms(units) is None for a in older)
