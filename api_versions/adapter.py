@@ -7,6 +7,7 @@ Allocate decisions come from ``plugin.allocation`` so every generation refuses a
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 from abc import ABC, abstractmethod
@@ -153,14 +154,11 @@ class Adapter(ABC):
         except AllocationError:
             metrics.allocation(resource.resource_name, self.name, granted=False)
             raise
-        for allocation in granted:
+        for _ in granted:
             metrics.allocation(resource.resource_name, self.name, granted=True)
-            log.info(
-                "%s: allocated %s (%s)",
-                resource.resource_name,
-                ",".join(allocation.device_ids),
-                self.name,
-            )
+        # Logged once the answer is on its way: the kubelet waits on the answer, not the log.
+        asyncio.get_running_loop().call_soon(_log_granted, resource.resource_name, granted,
+                                             self.name)
         return granted
 
     # Shapes shared by all generations.
@@ -185,6 +183,12 @@ class Adapter(ABC):
             )
             for m in mounts
         ]
+
+
+def _log_granted(resource_name: str, granted: list[ContainerAllocation], generation: str) -> None:
+    for allocation in granted:
+        log.info("%s: allocated %s (%s)", resource_name, ",".join(allocation.device_ids),
+                 generation)
 
 
 def _guarded(generation: str, method: str, behaviour: Behaviour) -> Behaviour:

@@ -1,11 +1,13 @@
 """A minimal v1beta1 device plugin that does no work per call: the framework's own floor.
 
-``python -m bench.reference_plugin DIR N`` serves N devices on ``DIR/reference.sock`` and
-registers them with the kubelet on ``DIR/kubelet.sock`` (as ``example.com/reference``), so
-a kubelet holds its ListAndWatch stream exactly as it holds the real plugin's. It uses Python's
-grpc.aio, the same gRPC stack and wire definitions as the real plugin, and answers every
-call with a canned response (one env variable for Allocate). Like the simplest plugins, it
-does not advertise preferred allocation, so a kubelet makes one call per container. Nothing
+``python -m bench.reference_plugin DIR N [preferred]`` serves N devices on
+``DIR/reference.sock`` and registers them with the kubelet on ``DIR/kubelet.sock`` (as
+``example.com/reference``), so a kubelet holds its ListAndWatch stream exactly as it holds
+the real plugin's. It uses Python's grpc.aio, the same gRPC stack and wire definitions as
+the real plugin, and answers every call with a canned response (one env variable for
+Allocate, the first IDs offered for GetPreferredAllocation). Like the simplest plugins, it
+does not advertise preferred allocation, so a kubelet makes one call per container; with
+``preferred`` it does, like plugins that pack NUMA nodes, and a kubelet makes two. Nothing
 is validated, logged or counted. Whatever the real plugin costs beyond this reference is
 ours to remove; what this costs is the language and gRPC.
 """
@@ -24,9 +26,10 @@ import grpc
 from api_versions.wire import WireApi, client_call, rpc_handler
 
 
-def handlers(wire: WireApi, count: int) -> dict[str, grpc.RpcMethodHandler]:
+def handlers(wire: WireApi, count: int,
+             preferred_available: bool = False) -> dict[str, grpc.RpcMethodHandler]:
     methods = wire.methods("DevicePlugin")
-    options = wire.new("DevicePluginOptions")
+    options = table_options(wire, preferred_available)
     devices = wire.new("ListAndWatchResponse", devices=[
         wire.new("Device", ID=str(i), health="Healthy") for i in range(count)])
 
@@ -58,14 +61,19 @@ def handlers(wire: WireApi, count: int) -> dict[str, grpc.RpcMethodHandler]:
     return {methods[n].path: rpc_handler(methods[n], fn) for n, fn in behaviours.items()}
 
 
+def table_options(wire: WireApi, preferred_available: bool) -> Any:
+    return wire.new("DevicePluginOptions",
+                    get_preferred_allocation_available=preferred_available)
+
+
 SOCKET = "reference.sock"
 RESOURCE = "example.com/reference"
 
 
-async def serve(directory: Path, count: int) -> None:
+async def serve(directory: Path, count: int, preferred_available: bool = False) -> None:
     wire = WireApi.load("v1beta1")
     server = grpc.aio.server()
-    table = handlers(wire, count)
+    table = handlers(wire, count, preferred_available)
 
     class Router(grpc.GenericRpcHandler):
         def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
@@ -77,7 +85,8 @@ async def serve(directory: Path, count: int) -> None:
     async with grpc.aio.insecure_channel(f"unix://{directory / 'kubelet.sock'}") as channel:
         register = client_call(channel, wire.method("Registration", "Register"))
         await register(wire.new("RegisterRequest", version="v1beta1", endpoint=SOCKET,
-                                resource_name=RESOURCE), timeout=10)
+                                resource_name=RESOURCE,
+                                options=table_options(wire, preferred_available)), timeout=10)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -87,4 +96,4 @@ async def serve(directory: Path, count: int) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(serve(Path(sys.argv[1]), int(sys.argv[2])))
+    asyncio.run(serve(Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:] == ["preferred"]))

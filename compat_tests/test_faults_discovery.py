@@ -107,6 +107,9 @@ async def test_a_fifo_in_sysfs_neither_wedges_discovery_nor_stops_exit(
     node.add_dfl_card("0000:d8:00.0", numa_node=1)
     await emulated.wait_for_devices(
         RESOURCE, lambda d: "0000:d8:00.0" in d and d["0000:d8:00.0"].healthy, timeout=SETTLE)
+    # A rescan of the finished tree first: the scan the new port's device node woke may have
+    # run while its files were still being written, and kept fewer health files open.
+    await asyncio.sleep(1.2)
     before = threads_and_fds(daemon.pid)
     await asyncio.sleep(1.5)  # several health re-reads and a rescan with the FIFO in place
     assert threads_and_fds(daemon.pid) == before

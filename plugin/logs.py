@@ -58,6 +58,13 @@ def configure(level: str = "info", fmt: str = "text") -> None:
         handler.setFormatter(
             TextFormatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
         )
+    # Nothing logged here names a source line, thread or process, and finding the caller
+    # walks the stack on every record, an Allocate's included (the logging HOWTO's
+    # "Optimization" section).
+    logging._srcfile = None  # type: ignore[attr-defined]
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
