@@ -24,6 +24,7 @@ from api_versions.wire import WireApi, client_call
 from compat_tests.kubelet import PluginCallError
 from compat_tests.plugin_process import PluginProcess
 from compat_tests.test_matrix import ALL_UNITS, RESOURCE, SETTLE, assert_serves_units, unit_ids
+from plugin.backends import fake_alveo
 from plugin.backends.fake_sysfs import (
     AMAZON_VENDOR,
     CRASHED_AFU_ID,
@@ -304,11 +305,53 @@ def reload_slot(node: FakeNode, _port: str, device: str) -> None:
     node.add_function(device, AMAZON_VENDOR, F1_CLEARED, 0, pci_class="0x058000")
 
 
+def alveo_node(root: Path) -> tuple[FakeNode, str, str]:
+    node = FakeNode(root)
+    fake_alveo.add_alveo_card(node, "0000:17:00.1")
+    return node, "", "0000:17:00.1"
+
+
+def card_not_ready(node: FakeNode, _port: str, device: str) -> None:
+    fake_alveo.set_state(node, device, "ready", "0x0")
+
+
+def card_ready(node: FakeNode, _port: str, device: str) -> None:
+    fake_alveo.set_state(node, device, "ready", "0x1")
+
+
+def trip_firewall(node: FakeNode, _port: str, device: str) -> None:
+    fake_alveo.trip_firewall(node, device)
+
+
+def clear_firewall(node: FakeNode, _port: str, device: str) -> None:
+    fake_alveo.trip_firewall(node, device, status="0")
+
+
+def unbind_xocl(node: FakeNode, _port: str, device: str) -> None:
+    fake_alveo.unbind_xocl(node, device)
+
+
+def bind_xocl(node: FakeNode, _port: str, device: str) -> None:
+    fake_alveo.bind_xocl(node, device)
+
+
+def lose_render_node(node: FakeNode, _port: str, device: str) -> None:
+    fake_alveo.delete_render_node(node, device)
+
+
+def restore_render_node(node: FakeNode, _port: str, device: str) -> None:
+    fake_alveo.restore_render_node(node, device)
+
+
 FAULTS = {
     "afu-crash": (intel_node, crash_afu, recover_afu),
     "port-error": (intel_node, latch_error, clear_error),
     "device-node-gone": (intel_node, lose_node, restore_node),
     "f1-image-load": (f1_node, unload_slot, reload_slot),
+    "alveo-not-ready": (alveo_node, card_not_ready, card_ready),
+    "alveo-firewall-tripped": (alveo_node, trip_firewall, clear_firewall),
+    "alveo-xocl-unbound": (alveo_node, unbind_xocl, bind_xocl),
+    "alveo-render-node-gone": (alveo_node, lose_render_node, restore_render_node),
 }
 
 
@@ -316,7 +359,8 @@ FAULTS = {
     ("backend", "fault"),
     [("auto", f) for f in FAULTS]
     + [("intel", f) for f in FAULTS if FAULTS[f][0] is intel_node]
-    + [("aws", f) for f in FAULTS if FAULTS[f][0] is f1_node],
+    + [("aws", f) for f in FAULTS if FAULTS[f][0] is f1_node]
+    + [("alveo", f) for f in FAULTS if FAULTS[f][0] is alveo_node],
 )
 async def test_every_backend_reports_health_changes_within_a_second(
         kubelet, plugin, tmp_path, backend, fault):

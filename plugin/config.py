@@ -24,7 +24,7 @@ DEFAULT_DIR = Path("/var/lib/kubelet/device-plugins")
 DEFAULT_RESOURCE = "b-com.com/accelerator"
 DEFAULT_SOCKET = "accelerator.sock"
 DEFAULT_GENERATIONS = ("v1beta1", "v1alpha2", "v1alpha1")
-BACKEND_CHOICES = ("auto", "intel", "aws", "units", "none")
+BACKEND_CHOICES = ("auto", "intel", "aws", "alveo", "units", "none")
 RESOURCE_MODES = ("single", "afu")
 
 
@@ -213,9 +213,10 @@ def _add_node_flags(parser: argparse.ArgumentParser) -> None:
     env.add("--sysfs-root", default=Path("/sys"), convert=Path, help="root of sysfs")
     env.add("--dev-root", default=Path("/dev"), convert=Path, help="root of device nodes")
     env.add("--resource-mode", default="single", choices=RESOURCE_MODES,
-            help="single: one resource; afu: one resource per AFU ID")
+            help="single: one resource; afu: one resource per loaded function (Intel AFU "
+                 "ID, Alveo shell)")
     env.add("--resource-prefix", default="b-com.com", convert=_resource_prefix,
-            help="domain of the per-AFU resource names in afu mode")
+            help="domain of the per-function resource names in afu mode")
     env.add("--resource-name", default=DEFAULT_RESOURCE, convert=_resource_name,
             help="extended resource name advertised in single mode")
 
@@ -318,8 +319,9 @@ def parse(argv: Sequence[str] | None = None) -> Settings:
     return settings
 
 
-AFU_BACKENDS = ("auto", "intel")
-"""Backends whose devices carry AFU IDs, which ``--resource-mode afu`` groups by."""
+AFU_BACKENDS = ("auto", "intel", "alveo")
+"""Backends whose devices say what is loaded on them (an Intel AFU ID, an Alveo shell),
+which ``--resource-mode afu`` groups by."""
 
 
 def settings_problem(settings: Settings) -> str | None:
@@ -327,9 +329,9 @@ def settings_problem(settings: Settings) -> str | None:
     if settings.command not in ("serve", "discover"):
         return None
     if settings.resource_mode == "afu" and settings.backend not in AFU_BACKENDS:
-        return (f"--resource-mode afu groups devices by AFU ID, which the {settings.backend} "
-                f"backend does not read; use --backend {' or '.join(AFU_BACKENDS)}, or "
-                "--resource-mode single")
+        return (f"--resource-mode afu groups devices by what is loaded on them (AFU ID, "
+                f"shell), which the {settings.backend} backend does not read; use --backend "
+                f"{', '.join(AFU_BACKENDS)}, or --resource-mode single")
     if settings.command == "serve":
         return socket_path_problem(settings)
     return None

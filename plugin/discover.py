@@ -2,7 +2,8 @@
 
 The first thing an operator runs on a node where pods do not get their FPGA, so every
 column answers a support question: which ID the kubelet sees, which driver found it, which
-node the container gets, where it sits (NUMA), what is loaded (AFU ID) and what is wrong.
+node the container gets, where it sits (NUMA), what is loaded (an Intel port's AFU ID, an
+Alveo card's shell, an AWS slot's application function IDs) and what is wrong.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Sequence
 
 from plugin.model import Device
 
-COLUMNS = ("ID", "BACKEND", "DRIVER", "NODE", "NUMA", "AFU ID", "HEALTH", "WHY")
+COLUMNS = ("ID", "BACKEND", "DRIVER", "NODE", "NUMA", "LOADED", "HEALTH", "WHY")
 NONE = "-"
 
 
@@ -42,10 +43,23 @@ def _cells(device: Device) -> tuple[str, ...]:
         device.attribute("driver") or NONE,
         ",".join(n.host_path for n in device.nodes) or NONE,
         NONE if device.numa_node is None else str(device.numa_node),
-        device.attribute("afu_id") or NONE,
+        loaded(device) or NONE,
         device.health.value,
         device.health_reason or NONE,
     )
+
+
+def loaded(device: Device) -> str:
+    """What runs on the device, in the words of its family."""
+    if device.attribute("afu_id"):
+        return f"afu {device.attribute('afu_id')}"
+    if device.attribute("shell"):
+        timestamp = device.attribute("shell_timestamp")
+        return f"shell {device.attribute('shell')}" + (f" ({timestamp})" if timestamp else "")
+    if device.attribute("platform") and device.attribute("device"):
+        return (f"{device.attribute('platform')} image "
+                f"{device.attribute('vendor')}:{device.attribute('device')}")
+    return ""
 
 
 def _record(device: Device) -> dict[str, object]:
@@ -60,6 +74,7 @@ def _record(device: Device) -> dict[str, object]:
         ],
         "numa_node": device.numa_node,
         "afu_id": device.attribute("afu_id") or None,
+        "shell": device.attribute("shell") or None,
         "health": device.health.value,
         "health_reason": device.health_reason or None,
         "attributes": device.attrs,

@@ -1,10 +1,12 @@
 """Which extended resource each device is advertised under, and the socket each resource uses.
 
 ``single`` mode keeps the b<>com contract: every device under one resource name and one
-socket, so existing pod specs keep working. ``afu`` mode gives each loaded accelerator
-function (AFU) its own resource, so a pod asks for the function it needs
-(``<prefix>/afu-<afu id>``) and the scheduler only places it where that function is loaded.
-Reprogramming a port moves it from one resource to another on the next scan.
+socket, so existing pod specs keep working. ``afu`` mode gives each loaded function its own
+resource, so a pod asks for the function it needs and the scheduler only places it where
+that function is loaded: an Intel port's accelerator function unit (``<prefix>/afu-<afu
+id>``), an Alveo card's shell (``<prefix>/<VBNV>-<timestamp>``, the names Xilinx's own
+plugin gave, so pods written for it keep working with ``--resource-prefix amd.com``).
+Reprogramming a card moves it from one resource to another on the next scan.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ MODES = ("single", "afu")
 AFU_PREFIX = "afu-"
 MAX_SHORT_NAME = 63
 _NOT_NAME = re.compile(r"[^a-z0-9]")
+_NOT_SHELL_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
 SOCKET_SUFFIX = ".sock"
 MAX_SOCKET_SHORT = 40
 """Longest resource part of an afu-mode socket name; a 128-bit AFU ID (36) fits whole."""
@@ -45,15 +48,20 @@ def group_by_resource(
         raise ValueError(f"unknown resource mode {mode!r}; choose one of {', '.join(MODES)}")
     groups: dict[str, list[Device]] = {}
     for device in devices:
+        shell = device.attribute("shell")
         afu_id = device.attribute("afu_id")
-        if not afu_id or set(afu_id.lower()) == {"f"}:
-            log.debug("device %s has no usable AFU ID (%r); not in any afu resource",
-                      device.id, afu_id)
-            continue
         try:
-            name = afu_resource_name(prefix, afu_id)
+            if shell:
+                name = shell_resource_name(prefix, shell, device.attribute("shell_timestamp"))
+            elif afu_id and set(afu_id.lower()) != {"f"}:
+                name = afu_resource_name(prefix, afu_id)
+            else:
+                log.debug("device %s has no usable AFU ID (%r) or shell; not in any afu "
+                          "resource", device.id, afu_id)
+                continue
         except ValueError as exc:
-            log.warning("device %s (AFU ID %s) is in no resource: %s", device.id, afu_id, exc)
+            log.warning("device %s (%s) is in no resource: %s", device.id,
+                        f"shell {shell}" if shell else f"AFU ID {afu_id}", exc)
             continue
         groups.setdefault(name, []).append(device)
     return {name: DeviceSet.of(groups[name]) for name in sorted(groups)}
@@ -70,6 +78,28 @@ def afu_resource_name(prefix: str, afu_id: str) -> str:
     if not cleaned or len(AFU_PREFIX) + len(cleaned) > MAX_SHORT_NAME:
         cleaned = "h" + hashlib.sha256(afu_id.encode()).hexdigest()[:40]
     name = f"{domain}/{AFU_PREFIX}{cleaned}"
+    problem = resource_name_problem(name)
+    if problem:
+        raise ValueError(f"--resource-prefix {prefix!r} gives invalid resource names: {problem}")
+    return name
+
+
+def shell_resource_name(prefix: str, shell: str, timestamp: str | None) -> str:
+    """``<prefix>/<shell>-<timestamp>``: one resource per shell build, as Xilinx's plugin
+    named them (``server.go``, "amd.com/" + VBNV + "-" + timestamp).
+
+    Characters a resource name cannot hold become ``-``; a name longer than 63 characters
+    keeps a readable head and ends in a digest of the whole, so it stays unique.
+    """
+    domain = prefix.strip().rstrip("/")
+    whole = f"{shell}-{timestamp}" if timestamp else shell
+    short = _NOT_SHELL_NAME.sub("-", whole).strip("-_.")
+    if len(short) > MAX_SHORT_NAME:
+        digest = hashlib.sha256(whole.encode()).hexdigest()[:16]
+        short = f"{short[:MAX_SHORT_NAME - 17].rstrip('-_.')}-{digest}"
+    if not short:
+        short = "shell-h" + hashlib.sha256(whole.encode()).hexdigest()[:40]
+    name = f"{domain}/{short}"
     problem = resource_name_problem(name)
     if problem:
         raise ValueError(f"--resource-prefix {prefix!r} gives invalid resource names: {problem}")

@@ -63,7 +63,8 @@ def test_environment_sets_defaults_and_flags_win(monkeypatch: pytest.MonkeyPatch
         (["serve", "--resource-mode", "afu", "--device-plugin-dir", "/tmp/" + "d" * 60], {},
          "the longest socket path"),
         (["serve", "--resource-mode", "afu", "--backend", "units"], {}, "units backend"),
-        (["serve", "--resource-mode", "afu", "--backend", "none"], {}, "--backend auto or intel"),
+        (["serve", "--resource-mode", "afu", "--backend", "none"], {},
+         "--backend auto, intel, alveo"),
         (["discover", "--resource-mode", "afu", "--backend", "aws"], {}, "aws backend"),
     ],
 )

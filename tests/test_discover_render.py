@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from plugin.backends.fake_sysfs import CRASHED_AFU_ID, DEFAULT_AFU_ID, build_intel_node
+from plugin.backends.alveo import AlveoBackend
+from plugin.backends.fake_alveo import DEFAULT_SHELL, DEFAULT_TIMESTAMP, add_alveo_card
+from plugin.backends.fake_sysfs import CRASHED_AFU_ID, DEFAULT_AFU_ID, FakeNode, build_intel_node
 from plugin.backends.intel import IntelBackend
 from plugin.backends.units import UnitsBackend
 from plugin.discover import render_json, render_table
@@ -16,12 +18,12 @@ def test_table_shows_every_column_for_every_port(tmp_path: Path) -> None:
     node.set_afu_id("dfl-port.2", CRASHED_AFU_ID)
     devices = IntelBackend(node.config()).scan()
     lines = render_table(devices).splitlines()
-    assert lines[0].split() == ["ID", "BACKEND", "DRIVER", "NODE", "NUMA", "AFU", "ID",
+    assert lines[0].split() == ["ID", "BACKEND", "DRIVER", "NODE", "NUMA", "LOADED",
                                 "HEALTH", "WHY"]
     assert len(lines) == 1 + len(devices)
     first = lines[1].split()
-    assert first[:7] == ["0000:3b:00.0", "intel", "dfl", "/dev/dfl-port.0", "0", DEFAULT_AFU_ID,
-                         "Healthy"]
+    assert first[:8] == ["0000:3b:00.0", "intel", "dfl", "/dev/dfl-port.0", "0", "afu",
+                         DEFAULT_AFU_ID, "Healthy"]
     crashed = next(line for line in lines if line.startswith("0000:d8:00.0"))
     assert "Unhealthy" in crashed and crashed.endswith("AFU ID is all f: firmware crashed")
     # Columns are aligned: every HEALTH cell starts under the header.
@@ -54,3 +56,11 @@ def test_json_keeps_every_fact(tmp_path: Path) -> None:
     assert broken["health"] == "Unhealthy" and "intel-fpga-port.0" in broken["health_reason"]
     assert broken["nodes"] == []
     assert json.loads(render_json([])) == []
+
+
+def test_alveo_cards_show_their_render_node_and_shell(tmp_path: Path) -> None:
+    node = FakeNode(tmp_path)
+    add_alveo_card(node, "0000:17:00.1")
+    [line] = render_table(AlveoBackend(node.config()).scan()).splitlines()[1:]
+    assert line.split() == ["0000:17:00.1", "alveo", "xocl", "/dev/dri/renderD128", "0",
+                            "shell", DEFAULT_SHELL, f"({DEFAULT_TIMESTAMP})", "Healthy", "-"]

@@ -7,6 +7,7 @@ so the caller knows what to feed :func:`plugin.uevents.kernel_uevents`.
 
 from __future__ import annotations
 
+from plugin.backends.alveo import AlveoBackend
 from plugin.backends.auto import AutoBackend
 from plugin.backends.aws import AwsF1Backend
 from plugin.backends.base import Backend, BackendConfig
@@ -14,7 +15,7 @@ from plugin.backends.empty import NoDevicesBackend
 from plugin.backends.intel import IntelBackend
 from plugin.backends.units import UnitsBackend
 
-BACKEND_NAMES = ("auto", "intel", "aws", "units", "none")
+BACKEND_NAMES = ("auto", "intel", "aws", "alveo", "units", "none")
 
 
 def make_backend(name: str, config: BackendConfig) -> Backend:
@@ -29,6 +30,8 @@ def make_backend(name: str, config: BackendConfig) -> Backend:
         return IntelBackend(config)
     if name == "aws":
         return AwsF1Backend(config)
+    if name == "alveo":
+        return AlveoBackend(config)
     if name == "units":
         return UnitsBackend(config.nb_units)
     if name == "none":
@@ -36,7 +39,7 @@ def make_backend(name: str, config: BackendConfig) -> Backend:
     raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKEND_NAMES)}")
 
 
-SYSFS_BACKENDS = ("auto", "intel", "aws")
+SYSFS_BACKENDS = ("auto", "intel", "aws", "alveo")
 
 
 def missing_roots(name: str, config: BackendConfig) -> list[str]:

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
+from plugin.backends.alveo import AlveoBackend
 from plugin.backends.aws import AwsF1Backend
 from plugin.backends.base import Backend, BackendConfig
 from plugin.backends.intel import IntelBackend
@@ -69,5 +70,6 @@ class AutoBackend(CompositeBackend):
     def __init__(self, config: BackendConfig) -> None:
         self.intel = IntelBackend(config)
         self.aws = AwsF1Backend(config)
-        super().__init__("auto", [self.intel, self.aws],
-                         "no Intel FPGA port and no AWS F1 slot found")
+        self.alveo = AlveoBackend(config)
+        super().__init__("auto", [self.intel, self.aws, self.alveo],
+                         "no Intel FPGA port, AWS FPGA slot or Alveo card found")

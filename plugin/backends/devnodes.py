@@ -53,8 +53,12 @@ class NodeResolver:
         self.dev_root = dev_root
         self._real_root = real_path(dev_root)
 
-    def resolve(self, dev: Attr, name: str) -> NodeLookup:
-        """Find the node of the character device ``name`` whose ``dev`` attribute is ``dev``."""
+    def resolve(self, dev: Attr, name: str, directory: str = "") -> NodeLookup:
+        """Find the node of the character device ``name`` whose ``dev`` attribute is ``dev``.
+
+        ``directory`` is where udev puts such nodes below the dev-root when not at its top
+        (``dri`` for DRM render nodes); it only matters when there is no ``char/`` link.
+        """
         warning = ""
         numbers = parse_dev(dev.text) if dev.text is not None else None
         if dev.text is not None and numbers is None:
@@ -65,9 +69,10 @@ class NodeResolver:
             relative = self._via_char_link(numbers)
             if relative is not None:
                 return NodeLookup(_node(relative), warning=warning)
-        by_name = self.dev_root / name
-        if "/" not in name and exists(by_name):
-            return NodeLookup(_node(PurePosixPath(name)), warning=warning)
+        relative = PurePosixPath(directory, name) if directory else PurePosixPath(name)
+        by_name = self.dev_root / relative
+        if "/" not in name and ".." not in relative.parts and exists(by_name):
+            return NodeLookup(_node(relative), warning=warning)
         where = f"{by_name}"
         if numbers is not None:
             where += f" (and no {self.dev_root / 'char' / f'{numbers[0]}:{numbers[1]}'})"

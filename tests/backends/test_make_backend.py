@@ -22,7 +22,7 @@ def test_every_flag_choice_builds_a_backend(tmp_path: Path) -> None:
 
 
 def test_unknown_backend_names_the_choices() -> None:
-    with pytest.raises(ValueError, match="auto, intel, aws, units, none"):
+    with pytest.raises(ValueError, match="auto, intel, aws, alveo, units, none"):
         make_backend("xilinx", BackendConfig())
 
 
@@ -44,13 +44,13 @@ def test_auto_on_a_node_without_fpga_serves_nothing_and_says_so_once(
     with caplog.at_level(logging.INFO, logger="plugin.backends"):
         for _ in range(3):
             assert backend.scan() == []
-        assert caplog.text.count("no Intel FPGA port and no AWS F1 slot found") == 1
+        assert caplog.text.count("no Intel FPGA port, AWS FPGA slot or Alveo card found") == 1
         assert str(node.sysfs_root / "class" / "fpga") in caplog.text
         node.add_dfl_card("0000:3b:00.0")
         assert [d.id for d in backend.scan()] == ["0000:3b:00.0"]
         node.remove_port("dfl-port.0")
         assert backend.scan() == []
-        assert caplog.text.count("no Intel FPGA port and no AWS F1 slot found") == 2
+        assert caplog.text.count("no Intel FPGA port, AWS FPGA slot or Alveo card found") == 2
     assert backend.static is False
     assert node.dev_root in backend.watch_paths()
 
