@@ -82,13 +82,17 @@ class FakeNode:
             address)
 
     def add_function(self, bdf: str, vendor: str, device: str, numa_node: int = -1,
-                     pci_class: str = FPGA_CLASS, physfn: str | None = None) -> Path:
+                     pci_class: str = FPGA_CLASS, physfn: str | None = None,
+                     subsystem_device: str | None = None) -> Path:
         """A PCI function directory, listed in ``bus/pci/devices`` like the kernel does."""
         path = self.function_path(bdf)
         path.mkdir(parents=True, exist_ok=True)
         for name, value in (("vendor", vendor), ("device", device), ("class", pci_class),
                             ("numa_node", str(numa_node))):
             _write(path / name, value)
+        if subsystem_device is not None:
+            _write(path / "subsystem_vendor", vendor)
+            _write(path / "subsystem_device", subsystem_device)
         _link(self.sysfs_root / "bus" / "pci" / "devices" / str(_address(bdf)), path)
         if physfn is not None:
             parent = self.function_path(physfn)
@@ -113,17 +117,21 @@ class FakeNode:
                               afu_id, interface_id)
 
     def add_dfl_card(self, bdf: str, *, ports: int = 1, vfs: int = 0, numa_node: int = 0,
-                     device: str = "0x0b30", vf_device: str = "0x0b31",
-                     afu_id: str = DEFAULT_AFU_ID,
+                     device: str = "0x0b2b", vf_device: str = "0x0b2c",
+                     subsystem_device: str | None = None, afu_id: str = DEFAULT_AFU_ID,
                      interface_id: str = DEFAULT_INTERFACE_ID) -> list[str]:
-        """A card driven by upstream DFL; ``vfs`` works as for :meth:`add_opae_card`."""
+        """A card driven by upstream DFL (a PAC D5005 unless IDs say otherwise: an Agilex
+        N6001 is ``device="0xbcce", vf_device="0xbccf", subsystem_device="0x1771"``);
+        ``vfs`` works as for :meth:`add_opae_card`."""
         return self._add_card("dfl", bdf, ports, vfs, numa_node, device, vf_device,
-                              afu_id, interface_id)
+                              afu_id, interface_id, subsystem_device)
 
     def _add_card(self, driver: str, bdf: str, ports: int, vfs: int, numa_node: int,
-                  device: str, vf_device: str, afu_id: str, interface_id: str) -> list[str]:
+                  device: str, vf_device: str, afu_id: str, interface_id: str,
+                  subsystem_device: str | None = None) -> list[str]:
         canonical = str(_address(bdf))
-        self.add_function(canonical, INTEL_VENDOR, device, numa_node)
+        self.add_function(canonical, INTEL_VENDOR, device, numa_node,
+                          subsystem_device=subsystem_device)
         self._card(driver, canonical, interface_id)
         names: list[str] = []
         if vfs == 0:
@@ -131,7 +139,8 @@ class FakeNode:
         pf = _address(canonical)
         for index in range(vfs):
             vf = str(PciAddress(pf.domain, pf.bus, pf.device, index + 1))
-            self.add_function(vf, INTEL_VENDOR, vf_device, numa_node, physfn=canonical)
+            self.add_function(vf, INTEL_VENDOR, vf_device, numa_node, physfn=canonical,
+                              subsystem_device=subsystem_device)
             self._card(driver, vf, None)
             names.append(self.add_port(vf, afu_id=afu_id, port_id=index))
         return names

@@ -31,7 +31,8 @@ from pathlib import Path
 from plugin.backends.base import BackendConfig
 from plugin.backends.devnodes import NodeResolver
 from plugin.backends.hexid import is_all_f, normalise_hex_id
-from plugin.backends.pcifn import PciFunction, owning_function, read_function
+from plugin.backends.intel_cards import CardModel, card_model, needs_subsystem
+from plugin.backends.pcifn import PciFunction, owning_function, pci_id, read_function
 from plugin.backends.sysfs import Notes, is_dir, list_dir, read_attr
 from plugin.model import Device, Health
 
@@ -88,6 +89,7 @@ class Card:
     function: PciFunction
     interface_id: str | None
     ports: tuple[Port, ...]
+    model: CardModel | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,8 +213,11 @@ class IntelBackend:
                 )
             return None
         function = read_function(*owner, warnings)
+        subsystem = None
+        if needs_subsystem(function.vendor, function.device):  # OFS: one device ID, many cards
+            subsystem = pci_id(read_attr(function.path / "subsystem_device"), warnings)
         return Card(layout, entry, function, _interface_id(layout, entry, fmes, warnings),
-                    tuple(ports))
+                    tuple(ports), card_model(function.vendor, function.device, subsystem))
 
     def _device(self, device_id: str, entry: NumberedPort, interface_id: str | None,
                 nodes: NodeResolver, warnings: list[str]) -> Device:
@@ -229,6 +234,8 @@ class IntelBackend:
             attributes["device"] = function.device
         if interface_id:
             attributes["interface_id"] = interface_id
+        if card.model is not None:
+            attributes["card"] = card.model.name
         self._seen_health_files += [port.path / "afu_id", port.path / "errors" / "errors"]
         afu_id = _afu_id(device_id, port, reasons, warnings)
         if afu_id:

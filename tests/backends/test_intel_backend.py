@@ -50,6 +50,7 @@ def test_ports_carry_numa_node_and_discovery_facts(intel_node: FakeNode) -> None
         "interface_id": DEFAULT_INTERFACE_ID,
         "vendor": "0x8086",
         "device": "0x09c4",
+        "card": "DSC_1_X",
         "driver": "intel-fpga",
         "port": "intel-fpga-port.0",
         "pci_address": "0000:5e:00.0",
@@ -83,6 +84,37 @@ def test_dfl_virtual_functions_too(tmp_path: Path) -> None:
     devices = scan(node)
     assert set(devices) == {"0000:af:00.1", "0000:af:00.2", "0000:af:00.3"}
     assert {d.attribute("interface_id") for d in devices.values()} == {DEFAULT_INTERFACE_ID}
+
+
+@pytest.mark.parametrize(("subsystem", "card"), [
+    ("0x1770", "OFS N6000"), ("0x1771", "OFS N6001"), ("0x17d4", "OFS C6100")])
+def test_ofs_agilex_cards_and_their_virtual_functions(tmp_path: Path, subsystem: str,
+                                                      card: str) -> None:
+    """dfl-pci.c binds 0xbcce (PF) and 0xbccf (VF) with these subsystem IDs; with SR-IOV
+    the PF keeps only its FME and each VF carries one port of its own."""
+    node = FakeNode(tmp_path)
+    node.add_dfl_card("0000:b1:00.0", device="0xbcce", vf_device="0xbccf",
+                      subsystem_device=subsystem, numa_node=1)
+    node.add_dfl_card("0000:ca:00.0", vfs=2, device="0xbcce", vf_device="0xbccf",
+                      subsystem_device=subsystem, numa_node=0)
+    devices = scan(node)
+    assert sorted(devices) == ["0000:b1:00.0", "0000:ca:00.1", "0000:ca:00.2"]
+    assert {d.attribute("card") for d in devices.values()} == {card}
+    assert devices["0000:b1:00.0"].numa_node == 1
+    nodes = sorted(n.host_path for d in devices.values() for n in d.nodes)
+    assert nodes == ["/dev/dfl-port.0", "/dev/dfl-port.1", "/dev/dfl-port.2"]
+    assert all(d.healthy for d in devices.values())
+    assert {d.attribute("interface_id") for d in devices.values()} == {DEFAULT_INTERFACE_ID}
+    assert devices["0000:ca:00.1"].attribute("device") == "0xbccf"
+
+
+def test_a_card_newer_than_the_id_table_is_served_without_a_name(tmp_path: Path) -> None:
+    node = FakeNode(tmp_path)
+    node.add_dfl_card("0000:b1:00.0", device="0xbcce", subsystem_device="0x9999")
+    node.add_dfl_card("0000:c1:00.0", device="0x7777")
+    devices = scan(node)
+    assert sorted(devices) == ["0000:b1:00.0", "0000:c1:00.0"]
+    assert all(d.healthy and not d.attribute("card") for d in devices.values())
 
 
 def test_second_port_of_a_function_is_named_after_its_port_number(tmp_path: Path) -> None:
