@@ -18,6 +18,7 @@ from bench.table import Row, median, ms
 from plugin.backends import BackendConfig, make_backend
 from plugin.backends.aws import AwsF1Backend
 from plugin.backends.base import Backend
+from plugin.backends.fake_alveo import build_alveo_node
 from plugin.backends.fake_sysfs import FakeNode, build_f1_16xlarge, build_ports
 from plugin.model import DeviceSet
 from plugin.resources import group_by_resource
@@ -87,6 +88,15 @@ def _grouping_row(runs: int) -> Row:
     return _on_tree(lambda root: build_ports(root, 256), measure)
 
 
+def _alveo_row(runs: int) -> Row:
+    def measure(node: FakeNode) -> Row:
+        seconds = _median_scan(make_backend("alveo", node.config()), runs, 8)
+        return Row("discovery, 8 Alveo cards", ms(seconds), TARGET,
+                   f"median of {runs} full scans; render nodes, shells and health files")
+
+    return _on_tree(build_alveo_node, measure)
+
+
 def run() -> list[Row]:
     return [
         _ports_row(1, "dfl", 200),
@@ -96,6 +106,7 @@ def run() -> list[Row]:
         _f1_row(100),
         _host_row(50),
         _grouping_row(100),
+        _alveo_row(100),
     ]
 
 

@@ -82,7 +82,7 @@ def discover(settings: Settings) -> int:
 def demo(settings: Settings) -> int:
     from plugin.demo import run_demo
 
-    return asyncio.run(run_demo())
+    return asyncio.run(run_demo(settings.demo_node))
 
 
 def healthcheck(settings: Settings) -> int:

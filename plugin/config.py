@@ -26,6 +26,7 @@ DEFAULT_SOCKET = "accelerator.sock"
 DEFAULT_GENERATIONS = ("v1beta1", "v1alpha2", "v1alpha1")
 BACKEND_CHOICES = ("auto", "intel", "aws", "alveo", "units", "none")
 RESOURCE_MODES = ("single", "afu")
+DEMO_NODES = ("intel", "mixed")
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ class Settings:
     log_level: str = "info"
     log_format: str = "text"
     json_output: bool = False
+    demo_node: str = "intel"
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 
 
@@ -284,6 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="simulated node: emulated kubelet + built-in devices")
     _add_common_flags(demo)
+    demo.add_argument("--node", dest="demo_node", choices=DEMO_NODES, default="intel",
+                      help="intel: Intel cards, served by the intel backend; mixed: Intel, "
+                           "AWS and Alveo cards together, served by the auto backend")
 
     health = commands.add_parser("healthcheck", help="exit 0 if the heartbeat file is fresh")
     env = _EnvDefaults(health)

@@ -1,7 +1,8 @@
 """``accelerator-device-plugin demo``: a whole node on one machine, no hardware, no cluster.
 
-A fake sysfs tree with Intel FPGA cards (both drivers, SR-IOV, two NUMA nodes), the real
-serving daemon, and emulated kubelets: a Kubernetes 1.9 kubelet that the plugin must reach
+A fake sysfs tree with Intel FPGA cards (both drivers, SR-IOV, two NUMA nodes; with
+``--node mixed`` also AWS FPGA slots and Alveo cards, served together by ``--backend auto``),
+the real serving daemon, and emulated kubelets: a Kubernetes 1.9 kubelet that the plugin must reach
 through v1alpha2, an upgrade of the node to 1.26 (v1beta1) under the running plugin, a port
 whose firmware crashes and recovers, a port that is unplugged, and a clean stop.
 """
@@ -21,6 +22,7 @@ from pathlib import Path
 from api_versions.retry import RetryPolicy
 from compat_tests.kubelet import KubeletEmulator, PluginCallError
 from plugin.backends import make_backend
+from plugin.backends.fake_alveo import build_mixed_node
 from plugin.backends.fake_sysfs import CRASHED_AFU_ID, DEFAULT_AFU_ID, build_intel_node
 from plugin.config import Settings
 from plugin.daemon import Daemon
@@ -76,30 +78,38 @@ async def _until(condition: Callable[[], bool], timeout: float = 10.0) -> float:
     return time.perf_counter() - began
 
 
-async def run_demo() -> int:
+async def run_demo(kind: str = "intel") -> int:
     root = Path(tempfile.mkdtemp(prefix="dpdemo", dir="/tmp"))
     try:
         with _narration():
-            await _story(root)
+            await _story(root, kind)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return 0
 
 
-async def _story(root: Path) -> None:
-    node = build_intel_node(root / "node")
+async def _story(root: Path, kind: str) -> None:
+    mixed = kind == "mixed"
+    node = build_mixed_node(root / "node") if mixed else build_intel_node(root / "node")
+    backend_name = "auto" if mixed else "intel"
     directory = root / "device-plugins"
     settings = Settings(
-        device_plugin_dir=directory, backend="intel", sysfs_root=node.sysfs_root,
+        device_plugin_dir=directory, backend=backend_name, sysfs_root=node.sysfs_root,
         dev_root=node.dev_root, kubelet_check_interval=1.0,
         retry=RetryPolicy(attempts=3, max_backoff=0.2, register_timeout=5.0),
     )
-    backend = make_backend("intel", node.config())
+    backend = make_backend(backend_name, node.config())
 
-    section("A simulated node: Intel FPGA cards under a fake /sys and /dev")
+    if mixed:
+        section("A simulated node: Intel, AWS and Alveo FPGAs under a fake /sys and /dev")
+    else:
+        section("A simulated node: Intel FPGA cards under a fake /sys and /dev")
     say(f"  sysfs root {node.sysfs_root}")
-    for name, port in sorted(node.ports.items(), key=lambda item: item[1].bdf):
-        say(f"  {port.driver:<10} {name:<18} function {port.bdf}")
+    for device in sorted(backend.scan(), key=lambda d: d.id):
+        what = device.attribute("port") or device.attribute("shell") or \
+            f"slot {device.attribute('slot')}"
+        say(f"  {device.backend:<6} {device.attribute('driver'):<10} {what:<34} "
+            f"function {device.attribute('pci_address') or device.id}")
 
     section("Kubernetes 1.9 kubelet starts; the plugin starts and negotiates")
     kubelet = KubeletEmulator(directory, "1.9")

@@ -134,12 +134,17 @@ def test_healthcheck_command_reports_fresh_stale_and_missing(root: Path) -> None
     assert stale.returncode == 1 and "old" in stale.stdout
 
 
-def test_demo_runs_the_whole_story() -> None:
+@pytest.mark.parametrize("kind", ["intel", "mixed"])
+def test_demo_runs_the_whole_story(kind: str) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "plugin", "demo"], capture_output=True, text=True, timeout=120,
+        [sys.executable, "-m", "plugin", "demo", "--node", kind], capture_output=True,
+        text=True, timeout=120,
     )
     assert result.returncode == 0, result.stderr
     out = result.stdout
+    if kind == "mixed":
+        assert "auto backend found 6 devices" in out
+        assert all(f in out for f in ("aws-f1", "xocl", "dfl", "intel-fpga"))
     assert "registered b-com.com/accelerator through API generation v1alpha2" in out
     assert "registered again through v1beta1" in out
     assert "refused:" in out and "INVALID_ARGUMENT" in out
