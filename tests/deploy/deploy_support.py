@@ -21,6 +21,7 @@ KUSTOMIZATIONS = {
     "base": (REPO / "deploy" / "base", "1.21"),
     "intel": (REPO / "deploy" / "overlays" / "intel", "1.21"),
     "aws": (REPO / "deploy" / "overlays" / "aws", "1.21"),
+    "alveo": (REPO / "deploy" / "overlays" / "alveo", "1.21"),
     "legacy": (REPO / "deploy" / "overlays" / "legacy", "1.11"),
     "kind": (REPO / "compat_tests" / "kind", "1.21"),
     "kind-legacy": (REPO / "compat_tests" / "kind" / "legacy", "1.11"),

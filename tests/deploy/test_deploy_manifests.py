@@ -274,6 +274,9 @@ def test_liveness_outlasts_heartbeat_and_resources_are_bounded(rendered, name):
 def test_overlays_pick_their_backend(rendered):
     assert env(rendered["base"])["ACCELERATOR_DP_BACKEND"] == "auto"
     assert env(rendered["intel"])["ACCELERATOR_DP_BACKEND"] == "intel"
+    alveo = env(rendered["alveo"])
+    assert alveo["ACCELERATOR_DP_BACKEND"] == "alveo"
+    assert alveo["ACCELERATOR_DP_RESOURCE_PREFIX"] == "amd.com"
     aws = env(rendered["aws"])
     assert aws["ACCELERATOR_DP_BACKEND"] == "units"
     assert aws["ACCELERATOR_DP_ACCEL_NBUNITS"] == "40"  # the b<>com default
