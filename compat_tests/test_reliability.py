@@ -32,6 +32,9 @@ from plugin.backends.fake_sysfs import (
     FakeNode,
 )
 
+F2_AFI = ("0x10ee", "0xf010")
+"""An image with its own vendor: the F2 slot must come back under it, found by its mailbox."""
+
 RESTART_BOUND = 1.0
 """A kubelet (re)started under a running plugin must hold its devices within this."""
 HEALTH_BOUND = 1.0
@@ -272,6 +275,12 @@ def f1_node(root: Path) -> tuple[FakeNode, str, str]:
     return node, "", "0000:00:0f.0"
 
 
+def f2_node(root: Path) -> tuple[FakeNode, str, str]:
+    node = FakeNode(root)
+    node.add_f2_slot("0000:34:00.0")
+    return node, "", "0000:34:00.0"
+
+
 def crash_afu(node: FakeNode, port: str, _device: str) -> None:
     node.set_afu_id(port, CRASHED_AFU_ID)
 
@@ -304,11 +313,16 @@ def reload_slot(node: FakeNode, _port: str, device: str) -> None:
     node.add_function(device, AMAZON_VENDOR, F1_CLEARED, 0, pci_class="0x058000")
 
 
+def load_f2_afi(node: FakeNode, _port: str, device: str) -> None:
+    node.load_afi(device, *F2_AFI)
+
+
 FAULTS = {
     "afu-crash": (intel_node, crash_afu, recover_afu),
     "port-error": (intel_node, latch_error, clear_error),
     "device-node-gone": (intel_node, lose_node, restore_node),
     "f1-image-load": (f1_node, unload_slot, reload_slot),
+    "f2-image-load": (f2_node, unload_slot, load_f2_afi),
 }
 
 
@@ -316,7 +330,7 @@ FAULTS = {
     ("backend", "fault"),
     [("auto", f) for f in FAULTS]
     + [("intel", f) for f in FAULTS if FAULTS[f][0] is intel_node]
-    + [("aws", f) for f in FAULTS if FAULTS[f][0] is f1_node],
+    + [("aws", f) for f in FAULTS if FAULTS[f][0] in (f1_node, f2_node)],
 )
 async def test_every_backend_reports_health_changes_within_a_second(
         kubelet, plugin, tmp_path, backend, fault):
