@@ -160,6 +160,11 @@ class AwsBackend:
         return amazon
 
     def _slots(self, warnings: list[str]) -> list[Slot]:
+        """Slots numbered as AWS's tools number them, so ``slot`` matches ``fpga-*`` output.
+
+        A number is taken by every management function among the first eight, even one
+        whose slot is then skipped, for the same reason.
+        """
         listing = self._listing(warnings)
         functions = self._functions(listing, warnings)
         managers = sorted(a for a, f in functions.items() if f.device in PLATFORMS)
@@ -171,7 +176,7 @@ class AwsBackend:
                 f"tools number at most {FPGA_SLOT_MAX} slots (FPGA_SLOT_MAX), so the slots of "
                 f"{extra} cannot be loaded through them and are ignored"
             )
-        slots = []
+        slots: list[Slot] = []
         claimed: dict[PciAddress, int] = {}
         for number, address in enumerate(managers[:FPGA_SLOT_MAX]):
             management = functions[address]
