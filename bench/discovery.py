@@ -16,10 +16,15 @@ from pathlib import Path
 
 from bench.table import Row, median, ms
 from plugin.backends import BackendConfig, make_backend
-from plugin.backends.aws import AwsF1Backend
+from plugin.backends.aws import AwsBackend
 from plugin.backends.base import Backend
 from plugin.backends.fake_alveo import build_alveo_node
-from plugin.backends.fake_sysfs import FakeNode, build_f1_16xlarge, build_ports
+from plugin.backends.fake_sysfs import (
+    FakeNode,
+    build_f1_16xlarge,
+    build_f2_48xlarge,
+    build_ports,
+)
 from plugin.model import DeviceSet
 from plugin.resources import group_by_resource
 
@@ -56,20 +61,21 @@ def _ports_row(count: int, driver: str, runs: int) -> Row:
     return _on_tree(lambda root: build_ports(root, count, driver), measure)
 
 
-def _f1_row(runs: int) -> Row:
+def _aws_row(label: str, build: Callable[[Path], FakeNode], runs: int) -> Row:
+    """An 8-slot AWS instance; F2 reads a little more per slot (BAR0, subsystem IDs)."""
     def measure(node: FakeNode) -> Row:
         seconds = _median_scan(make_backend("aws", node.config()), runs, 8)
-        return Row("discovery, f1.16xlarge (8 slots)", ms(seconds), TARGET,
+        return Row(f"discovery, {label} (8 slots)", ms(seconds), TARGET,
                    f"median of {runs} full scans")
 
-    return _on_tree(build_f1_16xlarge, measure)
+    return _on_tree(build, measure)
 
 
 def _host_row(runs: int) -> Row:
     backend = make_backend("auto", BackendConfig())
     found = len(backend.scan())
     seconds = _median_scan(backend, runs, found)
-    functions = len(os.listdir(AwsF1Backend(BackendConfig()).devices_dir))
+    functions = len(os.listdir(AwsBackend(BackendConfig()).devices_dir))
     return Row("discovery, auto on this host's /sys", ms(seconds), TARGET,
                f"median of {runs}; {found} accelerators, {functions} PCI functions")
 
@@ -103,7 +109,8 @@ def run() -> list[Row]:
         _ports_row(8, "dfl", 100),
         _ports_row(256, "dfl", 20),
         _ports_row(256, "intel-fpga", 20),
-        _f1_row(100),
+        _aws_row("f1.16xlarge", build_f1_16xlarge, 100),
+        _aws_row("f2.48xlarge", build_f2_48xlarge, 100),
         _host_row(50),
         _grouping_row(100),
         _alveo_row(100),

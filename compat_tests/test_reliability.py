@@ -33,6 +33,9 @@ from plugin.backends.fake_sysfs import (
     FakeNode,
 )
 
+F2_AFI = ("0x10ee", "0xf010")
+"""An image with its own vendor: the F2 slot must come back under it, found by its mailbox."""
+
 RESTART_BOUND = 1.0
 """A kubelet (re)started under a running plugin must hold its devices within this."""
 HEALTH_BOUND = 1.0
@@ -273,6 +276,12 @@ def f1_node(root: Path) -> tuple[FakeNode, str, str]:
     return node, "", "0000:00:0f.0"
 
 
+def f2_node(root: Path) -> tuple[FakeNode, str, str]:
+    node = FakeNode(root)
+    node.add_f2_slot("0000:34:00.0")
+    return node, "", "0000:34:00.0"
+
+
 def crash_afu(node: FakeNode, port: str, _device: str) -> None:
     node.set_afu_id(port, CRASHED_AFU_ID)
 
@@ -343,6 +352,10 @@ def restore_render_node(node: FakeNode, _port: str, device: str) -> None:
     fake_alveo.restore_render_node(node, device)
 
 
+def load_f2_afi(node: FakeNode, _port: str, device: str) -> None:
+    node.load_afi(device, *F2_AFI)
+
+
 FAULTS = {
     "afu-crash": (intel_node, crash_afu, recover_afu),
     "port-error": (intel_node, latch_error, clear_error),
@@ -352,6 +365,7 @@ FAULTS = {
     "alveo-firewall-tripped": (alveo_node, trip_firewall, clear_firewall),
     "alveo-xocl-unbound": (alveo_node, unbind_xocl, bind_xocl),
     "alveo-render-node-gone": (alveo_node, lose_render_node, restore_render_node),
+    "f2-image-load": (f2_node, unload_slot, load_f2_afi),
 }
 
 
@@ -359,7 +373,7 @@ FAULTS = {
     ("backend", "fault"),
     [("auto", f) for f in FAULTS]
     + [("intel", f) for f in FAULTS if FAULTS[f][0] is intel_node]
-    + [("aws", f) for f in FAULTS if FAULTS[f][0] is f1_node]
+    + [("aws", f) for f in FAULTS if FAULTS[f][0] in (f1_node, f2_node)]
     + [("alveo", f) for f in FAULTS if FAULTS[f][0] is alveo_node],
 )
 async def test_every_backend_reports_health_changes_within_a_second(

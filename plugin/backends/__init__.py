@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from plugin.backends.alveo import AlveoBackend
 from plugin.backends.auto import AutoBackend
-from plugin.backends.aws import AwsF1Backend
+from plugin.backends.aws import AwsBackend
 from plugin.backends.base import Backend, BackendConfig
 from plugin.backends.empty import NoDevicesBackend
 from plugin.backends.intel import IntelBackend
@@ -29,7 +29,7 @@ def make_backend(name: str, config: BackendConfig) -> Backend:
     if name == "intel":
         return IntelBackend(config)
     if name == "aws":
-        return AwsF1Backend(config)
+        return AwsBackend(config)
     if name == "alveo":
         return AlveoBackend(config)
     if name == "units":

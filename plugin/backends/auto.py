@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from plugin.backends.alveo import AlveoBackend
-from plugin.backends.aws import AwsF1Backend
+from plugin.backends.aws import AwsBackend
 from plugin.backends.base import Backend, BackendConfig
 from plugin.backends.intel import IntelBackend
 from plugin.model import Device
@@ -69,7 +69,7 @@ def _union(groups: Iterable[Iterable[T]]) -> tuple[T, ...]:
 class AutoBackend(CompositeBackend):
     def __init__(self, config: BackendConfig) -> None:
         self.intel = IntelBackend(config)
-        self.aws = AwsF1Backend(config)
+        self.aws = AwsBackend(config)
         self.alveo = AlveoBackend(config)
         super().__init__("auto", [self.intel, self.aws, self.alveo],
                          "no Intel FPGA port, AWS FPGA slot or Alveo card found")

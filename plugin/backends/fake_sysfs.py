@@ -1,6 +1,6 @@
 """Fake sysfs and /dev trees, laid out like the kernel and udev lay them out, under any directory.
 
-Tests and the demo need nodes with cards, virtual functions, NUMA nodes, F1 instances and
+Tests and the demo need nodes with cards, virtual functions, NUMA nodes, F1 and F2 instances and
 broken hardware, without root and without ``mknod``. The trees follow the real layouts
 closely (relative symlinks from ``class/`` and ``bus/pci/devices`` into ``devices/``, a
 ``device`` link from each card to its PCI function, ``physfn``/``virtfnN`` links for SR-IOV),
@@ -31,6 +31,8 @@ FPGA_CLASS = "0x120000"
 AMAZON_VENDOR = "0x1d0f"
 F1_CLEARED = "0x1042"
 F1_MANAGEMENT = "0x1041"
+F2_CLEARED = "0x9048"
+F2_MANAGEMENT = "0x9248"
 MAJORS = {"intel-fpga": 240, "dfl": 508}
 
 
@@ -256,6 +258,65 @@ class FakeNode:
         """Only the application function goes, as while an image is being loaded."""
         self.remove_function(app_bdf)
 
+    # AWS F2 -----------------------------------------------------------------------------
+
+    def add_f2_slot(self, app_bdf: str, *, numa_node: int = 0, app_vendor: str = AMAZON_VENDOR,
+                    app_device: str = F2_CLEARED, mgmt_function: int = 1, bar: bool = True,
+                    subsystem_vendor: str | None = None,
+                    subsystem_device: str | None = None) -> int:
+        """An F2 slot: the application function at function 0 and its management ("mailbox")
+        function ``0x1d0f:0x9248`` at ``mgmt_function`` of the same device, as aws-fpga's
+        ``fpga_pci_mbox2app()`` pairs them (its README shows app ``0000:34:00.0`` with
+        management ``0000:34:00.1``).
+
+        Both get a ``resource0`` file (BAR0: the application's OCL window, the management
+        function's mailbox) unless ``bar`` is False for the application. The PCI class is
+        the one :meth:`add_slot` uses for F1 (``0x058000``): F2's own class was not
+        established. Subsystem IDs are written only when given: those of a cleared F2 slot
+        were not established either, and the fake does not make them up.
+        """
+        app = _address(app_bdf)
+        if app.function != 0:
+            raise ValueError(f"{app_bdf}: an F2 application function is function 0")
+        if not 1 <= mgmt_function <= 7:
+            raise ValueError(f"management function {mgmt_function} is not 1..7")
+        management = PciAddress(app.domain, app.bus, app.device, mgmt_function)
+        self._add_f2_application(str(app), app_vendor, app_device, numa_node, bar,
+                                 subsystem_vendor, subsystem_device)
+        path = self.add_function(str(management), AMAZON_VENDOR, F2_MANAGEMENT, numa_node,
+                                 pci_class="0x058000")
+        _write(path / "resource0", "")
+        self.slots.append((str(app), str(management)))
+        return len(self.slots) - 1
+
+    def load_afi(self, app_bdf: str, vendor: str, device: str, *,
+                 subsystem_vendor: str | None = None,
+                 subsystem_device: str | None = None) -> None:
+        """The application function re-appears with an image's own IDs, as after an F2 load
+        (AWS_Shell_Interface_Specification.md: the image sets the application function's
+        vendor, device and subsystem IDs). Works whether the function is there or away;
+        NUMA node and BAR0 are kept from the slot as it was."""
+        app = str(_address(app_bdf))
+        management = next(m for a, m in self.slots if a == app)
+        numa = (self.function_path(management) / "numa_node").read_text().strip()
+        current = self.function_path(app)
+        bar = (current / "resource0").exists() or not current.exists()
+        self.remove_function(app)
+        self._add_f2_application(app, vendor, device, int(numa), bar, subsystem_vendor,
+                                 subsystem_device)
+
+    def _add_f2_application(self, app: str, vendor: str, device: str, numa_node: int,
+                            bar: bool, subsystem_vendor: str | None,
+                            subsystem_device: str | None) -> Path:
+        path = self.add_function(app, vendor, device, numa_node, pci_class="0x058000")
+        if bar:
+            _write(path / "resource0", "")
+        for name, value in (("subsystem_vendor", subsystem_vendor),
+                            ("subsystem_device", subsystem_device)):
+            if value is not None:
+                _write(path / name, value)
+        return path
+
     def _take(self, counter: str, pattern: str) -> str:
         number = self._next[counter]
         self._next[counter] += 1
@@ -289,6 +350,26 @@ def build_f1_16xlarge(root: Path) -> FakeNode:
     node.add_function("0000:00:04.0", AMAZON_VENDOR, "0x8061", 0, pci_class="0x010802")
     for index, bdf in enumerate(F1_16XLARGE_SLOTS):
         node.add_slot(bdf, numa_node=0 if index < 4 else 1)
+    return node
+
+
+F2_48XLARGE_SLOTS = tuple(f"0000:{bus:02x}:00.0" for bus in (0x34, 0x35, 0x36, 0x37,
+                                                             0xb4, 0xb5, 0xb6, 0xb7))
+"""Illustrative addresses, one FPGA per bus as in aws-fpga's README example (``0000:34:00.0``);
+the real f2.48xlarge addresses were not established."""
+
+
+def build_f2_48xlarge(root: Path) -> FakeNode:
+    """Eight F2 slots (0-3 on NUMA 0, 4-7 on NUMA 1) among Amazon's network and disk functions.
+
+    Each slot is a cleared application function at ``F2_48XLARGE_SLOTS[i]`` with its
+    management function at function 1 of the same device.
+    """
+    node = FakeNode(root)
+    node.add_function("0000:00:03.0", AMAZON_VENDOR, "0xec20", 0, pci_class="0x020000")
+    node.add_function("0000:00:04.0", AMAZON_VENDOR, "0x8061", 0, pci_class="0x010802")
+    for index, bdf in enumerate(F2_48XLARGE_SLOTS):
+        node.add_f2_slot(bdf, numa_node=0 if index < 4 else 1)
     return node
 
 

@@ -26,6 +26,7 @@ def test_f1_16xlarge_has_eight_slots_numbered_in_pci_order(f1_node: FakeNode) ->
     first = devices[0]
     assert first.attrs == {
         "driver": "aws-f1",
+        "platform": "f1",
         "slot": "0",
         "vendor": "0x1d0f",
         "device": "0x1042",

@@ -43,7 +43,10 @@ def corrupt(path: Path, kind: str, salt: bytes) -> None:
     if not os.path.lexists(path):
         return
     if kind == "rename":
-        path.rename(path.with_name("garbage-" + salt.hex()[:6]))
+        target = path.with_name("garbage-" + salt.hex()[:6])
+        while os.path.lexists(target):  # two renames with the same salt in one directory
+            target = target.with_name(target.name + "x")
+        path.rename(target)
         return
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
