@@ -163,12 +163,12 @@ def build_alveo_node(root: Path, count: int = 8) -> FakeNode:
 
 def build_mixed_node(root: Path) -> FakeNode:
     """One node with every family ``--backend auto`` serves: two Intel ports (OPAE and DFL,
-    one per NUMA node), two AWS F1 slots and two Alveo cards."""
+    one per NUMA node), an AWS F1 and an F2 slot, and two Alveo cards."""
     node = FakeNode(root)
     node.add_opae_card("0000:5e:00.0", numa_node=0)
     node.add_dfl_card("0000:d8:00.0", numa_node=1)
     node.add_slot("0000:00:0f.0", numa_node=0)
-    node.add_slot("0000:00:11.0", numa_node=1)
+    node.add_f2_slot("0000:34:00.0", numa_node=1)
     add_alveo_card(node, "0000:17:00.1", numa_node=0)
     add_alveo_card(node, "0000:af:00.1", numa_node=1)
     return node
