@@ -65,6 +65,14 @@ EXPECTED: dict[str, dict[str, dict[str, tuple[int, int, str]]]] = {
                                       "cdi_devices": (5, MSG, REP)},
         "CDIDevice": {"name": (1, S, ONE)},
     },
+    # k8s.io/kubelet/pkg/apis/pluginregistration/v1/api.proto
+    "pluginregistration": {
+        "PluginInfo": {"type": (1, S, ONE), "name": (2, S, ONE), "endpoint": (3, S, ONE),
+                       "supported_versions": (4, S, REP)},
+        "RegistrationStatus": {"plugin_registered": (1, B, ONE), "error": (2, S, ONE)},
+        "RegistrationStatusResponse": {},
+        "InfoRequest": {},
+    },
 }
 
 SERVICES = {
@@ -83,6 +91,9 @@ SERVICES = {
                                                       "PreStartContainerResponse", False)}}),
 }
 SERVICES["v1alpha2"] = SERVICES["v1alpha1"]
+SERVICES["pluginregistration"] = ("pluginregistration", {"Registration": {
+    "GetInfo": ("InfoRequest", "PluginInfo", False),
+    "NotifyRegistrationStatus": ("RegistrationStatus", "RegistrationStatusResponse", False)}})
 
 MAPS = {("v1alpha1", "DeviceRuntimeSpec", "envs"), ("v1alpha2", "AllocateResponse", "envs"),
         ("v1beta1", "ContainerAllocateResponse", "envs"),
