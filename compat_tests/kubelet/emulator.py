@@ -36,6 +36,7 @@ from compat_tests.kubelet.results import (
     PluginCallError,
     RegistrationRecord,
 )
+from compat_tests.kubelet.watcher import PluginWatcher
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +85,17 @@ class KubeletEmulator:
         hang_register: bool = False,
         dial_timeout: float = DIAL_TIMEOUT,
         wipe_at_start: bool = True,
+        plugins_registry: Path | None = None,
+        reconcile_period: float = 1.0,
+        refuse_watcher: Callable[[str], str | None] | None = None,
     ) -> None:
         self.directory = Path(directory)
+        self.plugins_registry = Path(plugins_registry) if plugins_registry else None
+        """The plugin watcher's directory; None: a node without one (or a kubelet before
+        1.13, which does not watch it)."""
+        self.reconcile_period = reconcile_period
+        self.refuse_watcher = refuse_watcher
+        self.watcher: PluginWatcher | None = None
         self.model = load_model(model)
         self.wire = WireApi.load(self.model.generation)
         self.dial_timeout = dial_timeout
@@ -146,6 +156,11 @@ class KubeletEmulator:
         server.add_insecure_port(f"unix:{self.socket_path}")
         await server.start()
         self._server = server
+        if self.plugins_registry is not None and self.model.watches_plugins_registry:
+            self.plugins_registry.mkdir(parents=True, exist_ok=True)
+            self.watcher = PluginWatcher(self, self.plugins_registry, self.reconcile_period,
+                                         self.refuse_watcher)
+            self._spawn(self.watcher.run())
         log.info(
             "kubelet %s (%s) serving %s; removed at start: %s", self.model.name,
             self.generation, self.socket_path, ", ".join(self.removed_at_start) or "nothing",
@@ -266,6 +281,28 @@ class KubeletEmulator:
         if old is not None:
             log.info("kubelet %s: %s replaces %s", self.model.name, endpoint, old)
             await old.close()
+
+    # -- the plugin watcher's registrations ----------------------------------------------------
+
+    async def watcher_plugin_registered(self, endpoint: PluginEndpoint,
+                                        versions: list[str]) -> None:
+        """The device manager's RegisterPlugin: the endpoint becomes the resource's plugin."""
+        record = RegistrationRecord(
+            resource_name=endpoint.resource_name, endpoint=str(endpoint.socket_path),
+            version=",".join(versions), generation=self.generation, channel="plugin-watcher")
+        self.register_attempts.append(record)
+        self.registrations.append(record)
+        log.info("kubelet %s: registered %s through the plugin watcher at %s",
+                 self.model.name, endpoint.resource_name, endpoint.socket_path)
+        await self._install(endpoint)
+        self._notify()
+
+    def watcher_plugin_gone(self, resource_name: str) -> None:
+        """DeRegisterPlugin: the resource's live endpoint goes, whichever channel it came by
+        (seen on 1.24 and 1.32: never register one resource through both)."""
+        endpoint = self._endpoints.get(resource_name)
+        if endpoint is not None:
+            self._spawn(endpoint.close())
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coroutine)

@@ -22,6 +22,9 @@ _TOPOLOGY_SINCE = 16
 _PREFERRED_ALLOCATION_SINCE = 19
 _SYNCHRONOUS_REGISTER_SINCE = 26
 _CDI_SINCE = 28
+_PLUGINS_REGISTRY_SINCE = 13
+"""The plugin watcher serves device plugins from /var/lib/kubelet/plugins_registry (1.12
+had it under plugins/, which this project does not use)."""
 
 
 class StreamEnd(Enum):
@@ -100,6 +103,7 @@ class KubeletModel:
     calls_preferred_allocation: bool
     reads_cdi_devices: bool
     supports_pre_start: bool
+    watches_plugins_registry: bool = False
 
     @property
     def generation(self) -> str:
@@ -145,4 +149,5 @@ def load_model(name: str) -> KubeletModel:
         calls_preferred_allocation=minor >= _PREFERRED_ALLOCATION_SINCE,
         reads_cdi_devices=minor >= _CDI_SINCE,
         supports_pre_start=beta,
+        watches_plugins_registry=minor >= _PLUGINS_REGISTRY_SINCE,
     )

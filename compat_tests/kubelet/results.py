@@ -66,6 +66,8 @@ class RegistrationRecord:
     generation: str
     accepted: bool = True
     error: str | None = None
+    channel: str = "kubelet.sock"
+    """``kubelet.sock`` (Register) or ``plugin-watcher`` (a socket in plugins_registry)."""
 
 
 class KubeletError(Exception):
