@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from api_versions.retry import RetryPolicy
+from plugin.channels import DEFAULT_REGISTRY
+from plugin.channels import MODES as REGISTRATION_MODES
 from plugin.resource_names import resource_name_problem
 
 ENV_PREFIX = "ACCELERATOR_DP_"
@@ -35,6 +37,9 @@ class Settings:
     device_plugin_dir: Path = DEFAULT_DIR
     resource_name: str = DEFAULT_RESOURCE
     socket_name: str = DEFAULT_SOCKET
+    registration: str = "kubelet-socket"
+    plugins_registry_dir: Path = DEFAULT_REGISTRY
+    watcher_wait: float = 5.0
     api_versions: tuple[str, ...] = DEFAULT_GENERATIONS
     backend: str = "auto"
     accel_nbunits: int = 40
@@ -238,6 +243,16 @@ def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
             help="file name of this plugin's socket in that directory")
     env.add("--api-versions", default=DEFAULT_GENERATIONS, convert=_generations,
             help="generations to try, in this order (default newest first)")
+    env.add("--registration", default="kubelet-socket", choices=REGISTRATION_MODES,
+            help="kubelet-socket: call Register on kubelet.sock (every kubelet); "
+                 "plugin-watcher: a socket in --plugins-registry-dir that the kubelet finds "
+                 "(1.13+, v1beta1 only); auto: the watcher where the kubelet takes it, "
+                 "kubelet.sock otherwise, decided anew for each kubelet")
+    env.add("--plugins-registry-dir", default=DEFAULT_REGISTRY, convert=Path,
+            help="the kubelet's plugin-watcher directory")
+    env.add("--watcher-wait", default=5.0, convert=TIMEOUT,
+            help="seconds auto waits for a kubelet to register the watcher socket before "
+                 f"registering through kubelet.sock ({TIMEOUT.describe()})")
     env.add("--rescan-interval", default=5.0, convert=INTERVAL,
             help=f"seconds between safety-net rescans of sysfs ({INTERVAL.describe()})")
     env.add("--health-interval", default=0.5, convert=HEALTH_INTERVAL,
@@ -337,6 +352,10 @@ def settings_problem(settings: Settings) -> str | None:
         return (f"--resource-mode afu groups devices by what is loaded on them (AFU ID, "
                 f"shell), which the {settings.backend} backend does not read; use --backend "
                 f"{', '.join(AFU_BACKENDS)}, or --resource-mode single")
+    if settings.command == "serve" and settings.registration == "plugin-watcher" and \
+            "v1beta1" not in settings.api_versions:
+        return ("--registration plugin-watcher registers v1beta1 only; add it to "
+                "--api-versions or use --registration kubelet-socket or auto")
     if settings.command == "serve":
         return socket_path_problem(settings)
     return None
@@ -348,13 +367,17 @@ def socket_path_problem(settings: Settings) -> str | None:
 
     name = longest_socket_name(settings.socket_name, settings.resource_mode,
                                settings.resource_prefix)
-    path = str((settings.device_plugin_dir / name).absolute())
+    directory = settings.device_plugin_dir
+    if settings.registration != "kubelet-socket" and len(str(
+            settings.plugins_registry_dir.absolute())) > len(str(directory.absolute())):
+        directory = settings.plugins_registry_dir
+    path = str((directory / name).absolute())
     length = len(path.encode())
     if length <= MAX_SOCKET_PATH:
         return None
     which = "the socket path" if name == settings.socket_name else "the longest socket path"
     return (f"{which} {path} is {length} bytes; a unix socket path can have at most "
-            f"{MAX_SOCKET_PATH}: shorten --device-plugin-dir or --socket-name")
+            f"{MAX_SOCKET_PATH}: shorten the directory or --socket-name")
 
 
 MAX_SOCKET_PATH = 107

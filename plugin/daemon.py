@@ -15,7 +15,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from api_versions.negotiate import adapters
@@ -54,6 +54,8 @@ class Daemon:
     demo) only lend their stop signals, and get their own handlers back afterwards."""
 
     def __post_init__(self) -> None:
+        if self.timing.watcher_wait != self.settings.watcher_wait:
+            self.timing = replace(self.timing, watcher_wait=self.settings.watcher_wait)
         self._stop = asyncio.Event()
         self._stopping: set[asyncio.Task[None]] = set()
         self.candidates = adapters(self.settings.api_versions)
@@ -143,6 +145,8 @@ class Daemon:
             candidates=self.candidates,
             policy=self.settings.retry,
             timing=self.timing,
+            registration=self.settings.registration,
+            registry_dir=self.settings.plugins_registry_dir,
         )
         task = asyncio.create_task(
             supervise(f"server of {name}", server.run, finished=server.stopped),

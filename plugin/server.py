@@ -41,7 +41,10 @@ from api_versions.negotiate import (
     negotiate,
 )
 from api_versions.retry import RetryPolicy
+from api_versions.watcher import GENERATION as WATCHER_GENERATION
+from api_versions.watcher import registration_handlers
 from plugin import metrics
+from plugin.channels import Channel, ChannelChooser, FileIdentity, WatcherVerdict
 from plugin.dirwatch import Change, DirEvent
 from plugin.feed import DeviceFeed
 from plugin.socket_claim import (
@@ -54,8 +57,6 @@ from plugin.socket_claim import (
 )
 
 log = logging.getLogger(__name__)
-
-FileIdentity = tuple[int, int, int]
 
 
 def identity(path: Path) -> FileIdentity | None:
@@ -102,6 +103,9 @@ class Timing:
     """Pause between taking over a socket and registering, so the kubelet has processed the
     previous holder's stream end first (kubelets before kubernetes#135437 drop a newer
     registration of the same resource when the older stream's end is handled after it)."""
+    watcher_wait: float = 5.0
+    """How long ``auto`` waits for a kubelet to register the watcher socket (its plugin
+    manager reconciles every second) before registering through ``kubelet.sock``."""
 
 
 class ResourceServer:
@@ -114,6 +118,8 @@ class ResourceServer:
         candidates: Sequence[Adapter],
         policy: RetryPolicy,
         timing: Timing = Timing(),
+        registration: str = "kubelet-socket",
+        registry_dir: Path | None = None,
     ) -> None:
         self._resource_name = resource_name
         self.directory = directory
@@ -136,6 +142,11 @@ class ResourceServer:
         self._waited_for: SocketHeld | None = None
         self._waiting_since = self._last_reminder = 0.0
         self._stop = asyncio.Event()
+        self._chooser = ChannelChooser(registration, registry_dir,
+                                       [a.name for a in self.candidates])
+        self.channel = Channel.KUBELET_SOCKET
+        self._verdict = WatcherVerdict()
+        self._kubelet_changed = asyncio.Event()
 
     # The ServedResource protocol the adapters read.
     @property
@@ -148,6 +159,10 @@ class ResourceServer:
 
     @property
     def socket_path(self) -> Path:
+        """Where this resource's socket is for the channel of the current round."""
+        if self.channel is Channel.PLUGIN_WATCHER:
+            assert self._chooser.registry_dir is not None
+            return self._chooser.registry_dir / self.socket_name
         return self.directory / self.socket_name
 
     @property
@@ -162,6 +177,7 @@ class ResourceServer:
         """Serve and stay registered until :meth:`stop`; survives any kubelet behaviour."""
         while not self._stop.is_set():
             self._restart.clear()
+            self.channel = self._chooser.choose(identity(self.directory / KUBELET_SOCKET))
             try:
                 await self._serve()
             except SocketHeld as held:
@@ -178,7 +194,9 @@ class ResourceServer:
                          self._waited_for.probe.describe())
                 self._waited_for = None
                 await self._pause(self.timing.handover_settle, wake_on_kubelet=False)
-            holder = asyncio.create_task(self._register_and_hold())
+            hold = (self._be_found_and_hold if self.channel is Channel.PLUGIN_WATCHER
+                    else self._register_and_hold)
+            holder = asyncio.create_task(hold())
             waiters = [asyncio.create_task(self._restart.wait()),
                        asyncio.create_task(self._stop.wait())]
             try:
@@ -258,6 +276,11 @@ class ResourceServer:
         if self._registered_with is not None:
             current = kubelet_now
             if current is not None and current != self._registered_with:
+                if self.channel is Channel.PLUGIN_WATCHER:
+                    # The new kubelet finds the watcher socket by itself.
+                    self._registered_with = None
+                    self._kubelet_changed.set()
+                    return
                 log.info("%s: %s was created anew (kubelet restart?)", self.resource_name,
                          KUBELET_SOCKET)
                 self._restart.set()
@@ -277,8 +300,9 @@ class ResourceServer:
         return reply.status == health_pb2.HealthCheckResponse.SERVING
 
     async def _serve(self) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        async with directory_lock(self.directory):
+        if self.channel is Channel.KUBELET_SOCKET:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        async with directory_lock(self.socket_path.parent):
             found = probe(self.socket_path)
             if found.state is PathState.LIVE:
                 raise SocketHeld(self.socket_path, found)
@@ -331,6 +355,56 @@ class ResourceServer:
             metrics.registered(self.resource_name, adapter.name, self._generation_names)
             await self._hold_terms(adapter, adapter.registration_terms(self))
             return
+
+    async def _be_found_and_hold(self) -> None:
+        """The watcher channel: serve, let the kubelet register us, stay registered.
+
+        A kubelet restart needs nothing from us (the new kubelet finds the socket); under
+        ``auto`` a kubelet that refuses or never calls is sent to ``kubelet.sock`` instead.
+        """
+        adapter = next(a for a in self.candidates if a.name == WATCHER_GENERATION)
+        self._verdict.forget()
+        self._router.activate({**adapter.handlers(self), **registration_handlers(
+            self.resource_name, self._verdict.on_info, self._verdict.on_status)})
+        log.info("%s: serving on %s for the kubelet's plugin watcher", self.resource_name,
+                 self.socket_path)
+        while True:
+            kubelet = identity(self.directory / KUBELET_SOCKET)
+            self._kubelet_changed.clear()
+            wait = self.timing.watcher_wait if self._chooser.falls_back else None
+            outcome = await self._verdict.wait(wait)
+            if outcome is None or not outcome.registered:
+                why = (f"the kubelet refused it: {outcome.error}" if outcome is not None
+                       else f"no kubelet called it within {wait:g} s")
+                if self._chooser.falls_back:
+                    log.warning("%s: plugin-watcher registration failed (%s); registering "
+                                "through %s instead", self.resource_name, why, KUBELET_SOCKET)
+                    self._chooser.declined(kubelet)
+                    self._restart.set()
+                    return
+                log.error("%s: plugin-watcher registration failed (%s); waiting for the "
+                          "kubelet to try again", self.resource_name, why)
+                continue
+            self._registered_with = identity(self.directory / KUBELET_SOCKET)
+            self.generation = adapter.name
+            self.registrations += 1
+            metrics.registered(self.resource_name, adapter.name, self._generation_names)
+            log.info("registered %s through the plugin watcher (%s)", self.resource_name,
+                     adapter.name)
+            terms = asyncio.create_task(self._hold_terms(adapter, adapter.registration_terms(self)))
+            changed = asyncio.create_task(self._kubelet_changed.wait())
+            try:
+                await asyncio.wait([terms, changed], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in (terms, changed):
+                    task.cancel()
+                await asyncio.gather(terms, changed, return_exceptions=True)
+            if not changed.done() or changed.cancelled():
+                return
+            log.info("%s: the kubelet restarted; waiting for it to find %s", self.resource_name,
+                     self.socket_path)
+            self.generation = None
+            self._verdict.forget()
 
     async def _hold_terms(self, adapter: Adapter, registered: object) -> None:
         """Stay registered; register anew when what the kubelet was told no longer holds.
