@@ -125,3 +125,37 @@ async def test_per_afu_resources_each_get_a_watcher_socket(kubelet, plugin, sock
     assert {r.channel for r in node.registrations} == {"plugin-watcher"}
     sockets = sorted(p.name for p in registry_of(sockdir).iterdir())
     assert len(sockets) == 2 and all(s.startswith("accelerator-afu-") for s in sockets)
+
+
+async def test_a_rollout_that_changes_channel_never_registers_both_ways_at_once(
+        kubelet, plugin, sockdir):
+    """The old instance registered through kubelet.sock; the new one (plugin-watcher) waits
+    for it to stop instead of putting a second registration of the resource in the kubelet."""
+    node = await watching_kubelet(kubelet, sockdir, "1.32")
+    old = plugin(nb_units=2, name="old")
+    await node.wait_for_devices(RESOURCE, timeout=SETTLE)
+    new = plugin(nb_units=2, name="new", extra=watcher_flags(sockdir, "plugin-watcher"))
+    await new.wait_for_log(lambda e: "waiting" in e.get("message", "").lower(),
+                           what="the newcomer waiting for the live instance")
+    await asyncio.sleep(1.0)
+    assert channels(node) == ["kubelet.sock"], "no watcher registration while the old one lives"
+    assert not (registry_of(sockdir) / "accelerator.sock").exists()
+    assert await old.terminate() == 0
+    await node.wait_until(lambda: channels(node) == ["kubelet.sock", "plugin-watcher"]
+                          and node.is_connected(RESOURCE), timeout=SETTLE,
+                          what="the newcomer registered through the watcher")
+    assert new.alive
+
+
+async def test_a_stale_watcher_socket_is_removed_by_a_kubelet_sock_instance(
+        kubelet, plugin, sockdir):
+    import socket as sockets
+
+    registry_of(sockdir).mkdir()
+    stale = registry_of(sockdir) / "accelerator.sock"
+    with sockets.socket(sockets.AF_UNIX) as dead:
+        dead.bind(str(stale))  # left behind by a killed watcher-channel instance
+    node = await watching_kubelet(kubelet, sockdir, "1.32")
+    plugin(nb_units=2, extra=["--plugins-registry-dir", str(registry_of(sockdir))])
+    await node.wait_for_devices(RESOURCE, timeout=SETTLE)
+    assert channels(node) == ["kubelet.sock"] and not stale.exists()

@@ -178,6 +178,8 @@ class ResourceServer:
         while not self._stop.is_set():
             self._restart.clear()
             self.channel = self._chooser.choose(identity(self.directory / KUBELET_SOCKET))
+            if self.channel is Channel.PLUGIN_WATCHER:
+                self._prepare_watcher()
             try:
                 await self._serve()
             except SocketHeld as held:
@@ -306,6 +308,7 @@ class ResourceServer:
             found = probe(self.socket_path)
             if found.state is PathState.LIVE:
                 raise SocketHeld(self.socket_path, found)
+            self._check_other_channel()
             if found.state is PathState.STALE:
                 log.info("%s: replacing stale %s (nothing was serving it)", self.resource_name,
                          self.socket_path)
@@ -323,6 +326,24 @@ class ResourceServer:
             async with asyncio.timeout(self.timing.confirm_timeout):
                 await channel.channel_ready()
         log.debug("%s: serving on %s", self.resource_name, self.socket_path)
+
+    def _check_other_channel(self) -> None:
+        """One resource, one channel, even across instances: during a rollout between
+        versions (or settings) that register differently, the newcomer waits while the
+        other channel's socket of the same name is live, as it waits for its own path. A
+        stale one (a killed instance) is removed, so no kubelet registers a dead socket."""
+        registry = self._chooser.registry_dir
+        if registry is None:
+            return
+        other = (self.directory if self.channel is Channel.PLUGIN_WATCHER else registry) \
+            / self.socket_name
+        found = probe(other)
+        if found.state is PathState.LIVE:
+            raise SocketHeld(other, found)
+        if found.state is PathState.STALE:
+            log.info("%s: removing stale %s (nothing was serving it)", self.resource_name, other)
+            with contextlib.suppress(OSError):
+                os.unlink(other)
 
     async def _unserve(self) -> None:
         server, self._server = self._server, None
@@ -356,16 +377,22 @@ class ResourceServer:
             await self._hold_terms(adapter, adapter.registration_terms(self))
             return
 
+    def _watcher_adapter(self) -> Adapter:
+        return next(a for a in self.candidates if a.name == WATCHER_GENERATION)
+
+    def _prepare_watcher(self) -> None:
+        """Answer GetInfo before the socket appears: a kubelet may call the moment it does."""
+        self._verdict.forget()
+        self._router.activate({**self._watcher_adapter().handlers(self), **registration_handlers(
+            self.resource_name, self._verdict.on_info, self._verdict.on_status)})
+
     async def _be_found_and_hold(self) -> None:
         """The watcher channel: serve, let the kubelet register us, stay registered.
 
         A kubelet restart needs nothing from us (the new kubelet finds the socket); under
         ``auto`` a kubelet that refuses or never calls is sent to ``kubelet.sock`` instead.
         """
-        adapter = next(a for a in self.candidates if a.name == WATCHER_GENERATION)
-        self._verdict.forget()
-        self._router.activate({**adapter.handlers(self), **registration_handlers(
-            self.resource_name, self._verdict.on_info, self._verdict.on_status)})
+        adapter = self._watcher_adapter()
         log.info("%s: serving on %s for the kubelet's plugin watcher", self.resource_name,
                  self.socket_path)
         while True:

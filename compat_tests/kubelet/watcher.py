@@ -7,8 +7,9 @@ validates the name and the offered versions (only ``v1beta1`` is accepted this w
 the endpoint (the socket itself when ``endpoint`` is empty) and opens ListAndWatch; then tell
 the plugin the outcome through ``NotifyRegistrationStatus``. A socket that disappears is
 deregistered. The plugin does nothing after a kubelet restart: the new kubelet finds the
-socket again. A refusal is not retried for the same socket (kubelets before 1.36), so a
-plugin must replace its socket, or fall back to ``kubelet.sock``, to try again.
+socket again. A registration that failed (GetInfo unanswered, validation refused, endpoint
+unreachable) is tried again at later reconciles with a doubling delay from 0.5 s, as the
+plugin manager's pending-operations backoff does.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ DEVICE_PLUGIN_TYPE = "DevicePlugin"
 SUPPORTED_VERSIONS = ("v1beta1",)
 GET_INFO_TIMEOUT = 1.0
 """The plugin manager gives GetInfo one second."""
+RETRY_INITIAL, RETRY_MAX = 0.5, 120.0
 
 Identity = tuple[int, int, int]
 
@@ -65,6 +67,8 @@ class PluginWatcher:
         self._seen: dict[Path, Identity] = {}
         """Sockets handled (registered or refused), by the file they were."""
         self._resources: dict[Path, str] = {}
+        self._retry: dict[Path, tuple[float, float]] = {}
+        """Failed sockets: when to try again, and the delay after that."""
         self.get_info_calls = 0
 
     async def run(self) -> None:
@@ -82,20 +86,30 @@ class PluginWatcher:
         for path in list(self._seen):
             if present.get(path) != self._seen[path]:
                 self._deregister(path)
+        now = asyncio.get_running_loop().time()
         for path, ident in present.items():
-            if path not in self._seen:
+            if path in self._seen:
+                continue
+            due, delay = self._retry.get(path, (now, RETRY_INITIAL))
+            if now < due:
+                continue
+            if await self._register(path):
                 self._seen[path] = ident
-                await self._register(path)
+                self._retry.pop(path, None)
+            else:
+                self._retry[path] = (now + delay, min(delay * 2, RETRY_MAX))
 
     def _deregister(self, path: Path) -> None:
         del self._seen[path]
+        self._retry.pop(path, None)
         resource = self._resources.pop(path, None)
         if resource is not None:
             log.info("kubelet %s: plugin socket %s is gone; deregistering %s",
                      self.kubelet.model.name, path, resource)
             self.kubelet.watcher_plugin_gone(resource)
 
-    async def _register(self, path: Path) -> None:
+    async def _register(self, path: Path) -> bool:
+        """One registration attempt; whether it succeeded."""
         methods = self.wire.methods("Registration")
         async with grpc.aio.insecure_channel(f"unix://{path}") as channel:
             try:
@@ -105,7 +119,7 @@ class PluginWatcher:
             except grpc.aio.AioRpcError as exc:
                 log.warning("kubelet %s: GetInfo at %s failed: %s", self.kubelet.model.name,
                             path, exc.code().name)
-                return
+                return False
             problem = self._problem(info, path)
             if problem is None:
                 endpoint = Path(info.endpoint or str(path))
@@ -116,6 +130,9 @@ class PluginWatcher:
                 await client_call(channel, methods["NotifyRegistrationStatus"])(
                     self.wire.new("RegistrationStatus", plugin_registered=problem is None,
                                   error=problem or ""), timeout=GET_INFO_TIMEOUT)
+            if problem is not None:
+                log.warning("kubelet %s: %s", self.kubelet.model.name, problem)
+            return problem is None
 
     def _problem(self, info: object, path: Path) -> str | None:
         kind = getattr(info, "type", "")
