@@ -17,6 +17,7 @@ PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 # hostPath sources the plugin may see, and whether it may write there.
 ALLOWED_HOST_PATHS = {
     PLUGIN_DIR: True,
+    "/var/lib/kubelet/plugins_registry": True,  # the watcher socket lives there
     "/sys/class": False,
     "/sys/bus": False,
     "/sys/devices": False,
@@ -280,6 +281,17 @@ def test_overlays_pick_their_backend(rendered):
     aws = env(rendered["aws"])
     assert aws["ACCELERATOR_DP_BACKEND"] == "units"
     assert aws["ACCELERATOR_DP_ACCEL_NBUNITS"] == "40"  # the b<>com default
+
+
+def test_only_the_watcher_overlay_mounts_the_plugins_registry(rendered):
+    for name, manifests in rendered.items():
+        (daemonset,) = [m for m in manifests if m["kind"] == "DaemonSet"]
+        spec = daemonset["spec"]["template"]["spec"]
+        paths = [v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v]
+        registry = "/var/lib/kubelet/plugins_registry"
+        assert (registry in paths) == (name == "plugin-watcher"), name
+    watcher = env(rendered["plugin-watcher"])
+    assert watcher["ACCELERATOR_DP_REGISTRATION"] == "auto"
 
 
 def test_example_pod_asks_for_one_unit_and_prints_it():
