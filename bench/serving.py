@@ -20,9 +20,9 @@ def spawn_serve(directory: Path, *flags: str) -> subprocess.Popen[bytes]:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def spawn_units(directory: Path, count: int) -> subprocess.Popen[bytes]:
+def spawn_units(directory: Path, count: int, *flags: str) -> subprocess.Popen[bytes]:
     """``serve`` with the units backend: ``count`` devices and no sysfs at all."""
-    return spawn_serve(directory, "--backend", "units", "--accel-nbunits", str(count))
+    return spawn_serve(directory, "--backend", "units", "--accel-nbunits", str(count), *flags)
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:
