@@ -47,6 +47,7 @@ from plugin import metrics
 from plugin.channels import Channel, ChannelChooser, FileIdentity, WatcherVerdict
 from plugin.dirwatch import Change, DirEvent
 from plugin.feed import DeviceFeed
+from plugin.routing import GenerationRouter, identity
 from plugin.socket_claim import (
     PathState,
     SocketHeld,
@@ -57,34 +58,6 @@ from plugin.socket_claim import (
 )
 
 log = logging.getLogger(__name__)
-
-
-def identity(path: Path) -> FileIdentity | None:
-    """What tells one file from its replacement at the same path (inodes get reused)."""
-    try:
-        st = path.lstat()
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_ctime_ns)
-
-
-class _GenerationRouter(grpc.GenericRpcHandler):
-    """Routes calls to the generation on offer; other generations' paths are UNIMPLEMENTED.
-
-    One socket serves whichever generation is being negotiated: v1alpha1 and v1alpha2 share
-    method paths with different response shapes, so only one can be live at a time.
-    """
-
-    def __init__(self) -> None:
-        self._table: dict[str, grpc.RpcMethodHandler] = {}
-
-    def activate(self, table: dict[str, grpc.RpcMethodHandler]) -> None:
-        self._table = table
-
-    def service(
-        self, handler_call_details: grpc.HandlerCallDetails
-    ) -> grpc.RpcMethodHandler | None:
-        return self._table.get(handler_call_details.method)  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -130,7 +103,7 @@ class ResourceServer:
         self.timing = timing
         self.generation: str | None = None
         self.registrations = 0
-        self._router = _GenerationRouter()
+        self._router = GenerationRouter()
         self._health = health_aio.HealthServicer()
         self._server: grpc.aio.Server | None = None
         self._served: FileIdentity | None = None
