@@ -22,6 +22,7 @@ from api_versions.wire import Method, WireApi, rpc_handler
 from api_versions.wire_values import ReportOnce, id_problem, shown_id
 from plugin import metrics
 from plugin.allocation import AllocationError, ContainerAllocation, allocate
+from plugin.cdi import CdiPolicy
 from plugin.feed import DeviceFeed
 from plugin.model import Device, DeviceNode, Health, Mount
 
@@ -38,6 +39,11 @@ class ServedResource(Protocol):
 
     @property
     def feed(self) -> DeviceFeed: ...
+
+    @property
+    def cdi(self) -> CdiPolicy | None:
+        """How Allocate names devices when CDI is on; None when it is off."""
+        ...
 
 
 class Adapter(ABC):

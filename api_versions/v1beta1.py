@@ -80,6 +80,7 @@ class V1Beta1(Adapter):
         async def allocate(request: Any, _context: grpc.aio.ServicerContext) -> Message:
             containers = [list(c.devices_ids) for c in request.container_requests]
             granted = self.grant(resource, containers)
+            cdi = resource.cdi
             return self.wire.new(
                 "AllocateResponse",
                 container_responses=[
@@ -87,7 +88,11 @@ class V1Beta1(Adapter):
                         "ContainerAllocateResponse",
                         envs=dict(a.envs),
                         mounts=self.mounts(a.mounts),
-                        devices=self.device_specs(a.nodes),
+                        devices=self.device_specs(a.nodes)
+                        if cdi is None or cdi.device_specs else [],
+                        cdi_devices=[] if cdi is None else [
+                            self.wire.new("CDIDevice", name=n)
+                            for n in cdi.qualified(a.device_ids)],
                     )
                     for a in granted
                 ],

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from api_versions.retry import RetryPolicy
+from plugin.cdi import DEFAULT_SPEC_DIR
+from plugin.cdi import STRATEGIES as CDI_STRATEGIES
 from plugin.channels import DEFAULT_REGISTRY
 from plugin.channels import MODES as REGISTRATION_MODES
 from plugin.resource_names import resource_name_problem
@@ -40,6 +42,9 @@ class Settings:
     registration: str = "kubelet-socket"
     plugins_registry_dir: Path = DEFAULT_REGISTRY
     watcher_wait: float = 5.0
+    cdi: bool = False
+    cdi_spec_dir: Path = DEFAULT_SPEC_DIR
+    device_list_strategy: str = "both"
     api_versions: tuple[str, ...] = DEFAULT_GENERATIONS
     backend: str = "auto"
     accel_nbunits: int = 40
@@ -211,6 +216,15 @@ class _EnvDefaults:
         )
 
 
+def _bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
+
+
 def _add_node_flags(parser: argparse.ArgumentParser) -> None:
     env = _EnvDefaults(parser)
     env.add("--backend", default="auto", choices=BACKEND_CHOICES,
@@ -250,6 +264,15 @@ def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
                  "kubelet.sock otherwise, decided anew for each kubelet")
     env.add("--plugins-registry-dir", default=DEFAULT_REGISTRY, convert=Path,
             help="the kubelet's plugin-watcher directory")
+    env.add("--cdi", default=False, convert=_bool, nargs="?", const=True,
+            help="write a CDI spec per resource and name allocated devices in cdi_devices "
+                 "(kubelets 1.28+); needs a runtime with CDI enabled (containerd 1.7+, "
+                 "CRI-O 1.23+), so off unless asked")
+    env.add("--cdi-spec-dir", default=DEFAULT_SPEC_DIR, convert=Path,
+            help="where the CDI specs go (a directory the container runtime reads)")
+    env.add("--device-list-strategy", default="both", choices=CDI_STRATEGIES,
+            help="with --cdi, what Allocate names devices with: both (DeviceSpecs too, for "
+                 "kubelets before 1.28), cdi (CDI names only) or device-specs")
     env.add("--watcher-wait", default=5.0, convert=TIMEOUT,
             help="seconds auto waits for a kubelet to register the watcher socket before "
                  f"registering through kubelet.sock ({TIMEOUT.describe()})")
@@ -352,6 +375,9 @@ def settings_problem(settings: Settings) -> str | None:
         return (f"--resource-mode afu groups devices by what is loaded on them (AFU ID, "
                 f"shell), which the {settings.backend} backend does not read; use --backend "
                 f"{', '.join(AFU_BACKENDS)}, or --resource-mode single")
+    if settings.command == "serve" and settings.device_list_strategy == "cdi" and \
+            not settings.cdi:
+        return "--device-list-strategy cdi needs --cdi (devices would be named nowhere)"
     if settings.command == "serve" and settings.registration == "plugin-watcher" and \
             "v1beta1" not in settings.api_versions:
         return ("--registration plugin-watcher registers v1beta1 only; add it to "

@@ -21,6 +21,7 @@ from pathlib import Path
 from api_versions.negotiate import adapters
 from plugin import metrics
 from plugin.backends.base import Backend
+from plugin.cdi import CdiPolicy, SpecWriter, device_names
 from plugin.config import Settings
 from plugin.dirwatch import Change, DirectoryWatcher
 from plugin.feed import DeviceFeed
@@ -61,6 +62,7 @@ class Daemon:
         self.candidates = adapters(self.settings.api_versions)
         self._signals = SignalRouter(self._on_signal)
         self._monitor: DeviceMonitor | None = None
+        self._cdi = SpecWriter(self.settings.cdi_spec_dir) if self.settings.cdi else None
 
     @property
     def directory(self) -> Path:
@@ -126,15 +128,24 @@ class Daemon:
             metrics.devices(name, devices)
             resource = self.resources.get(name)
             if resource is None:
-                self._adopt(name, devices)
-            else:
-                await resource.feed.publish(devices)
+                resource = self._adopt(name, devices)
+            self._describe_for_cdi(resource.server, name, devices)
+            await resource.feed.publish(devices)
         for name in [n for n in self.resources if n not in groups]:
             log.info("%s: no devices left; withdrawing the resource", name)
             metrics.devices(name, DeviceSet.of(()))
             await self._retire(name)
 
-    def _adopt(self, name: str, devices: DeviceSet) -> None:
+    def _describe_for_cdi(self, server: ResourceServer, name: str, devices: DeviceSet) -> None:
+        """Spec first, names second: a device is named in Allocate only once its spec is on
+        disk for the runtime to read."""
+        if self._cdi is None:
+            return
+        self._cdi.write(name, devices)
+        server.cdi = CdiPolicy(name, device_names(devices),
+                               device_specs=self.settings.device_list_strategy != "cdi")
+
+    def _adopt(self, name: str, devices: DeviceSet) -> _Resource:
         feed = DeviceFeed(devices)
         server = ResourceServer(
             resource_name=name,
@@ -154,9 +165,12 @@ class Daemon:
         self.resources[name] = _Resource(feed, server, task)
         log.info("%s: serving %s on %s", name, count(len(devices), "device"),
                  server.socket_path)
+        return self.resources[name]
 
     def _withdraw(self, name: str) -> None:
         """Stop serving ``name``; its server finishes in the background (see ``_drain``)."""
+        if self._cdi is not None:
+            self._cdi.remove(name)
         resource = self.resources.pop(name)
         resource.server.stop()
         self._stopping.add(resource.task)

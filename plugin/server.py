@@ -44,6 +44,7 @@ from api_versions.retry import RetryPolicy
 from api_versions.watcher import GENERATION as WATCHER_GENERATION
 from api_versions.watcher import registration_handlers
 from plugin import metrics
+from plugin.cdi import CdiPolicy
 from plugin.channels import Channel, ChannelChooser, FileIdentity, WatcherVerdict
 from plugin.dirwatch import Change, DirEvent
 from plugin.feed import DeviceFeed
@@ -120,6 +121,8 @@ class ResourceServer:
         self.channel = Channel.KUBELET_SOCKET
         self._verdict = WatcherVerdict()
         self._kubelet_changed = asyncio.Event()
+        self.cdi: CdiPolicy | None = None
+        """Set by the daemon with --cdi, before each device change is published."""
 
     # The ServedResource protocol the adapters read.
     @property

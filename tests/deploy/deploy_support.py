@@ -23,6 +23,7 @@ KUSTOMIZATIONS = {
     "aws": (REPO / "deploy" / "overlays" / "aws", "1.21"),
     "alveo": (REPO / "deploy" / "overlays" / "alveo", "1.21"),
     "plugin-watcher": (REPO / "deploy" / "overlays" / "plugin-watcher", "1.21"),
+    "cdi": (REPO / "deploy" / "overlays" / "cdi", "1.21"),
     "legacy": (REPO / "deploy" / "overlays" / "legacy", "1.11"),
     "kind": (REPO / "compat_tests" / "kind", "1.21"),
     "kind-legacy": (REPO / "compat_tests" / "kind" / "legacy", "1.11"),

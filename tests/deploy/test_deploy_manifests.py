@@ -18,6 +18,7 @@ PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 ALLOWED_HOST_PATHS = {
     PLUGIN_DIR: True,
     "/var/lib/kubelet/plugins_registry": True,  # the watcher socket lives there
+    "/var/run/cdi": True,  # the CDI specs the plugin writes
     "/sys/class": False,
     "/sys/bus": False,
     "/sys/devices": False,
@@ -292,6 +293,15 @@ def test_only_the_watcher_overlay_mounts_the_plugins_registry(rendered):
         assert (registry in paths) == (name == "plugin-watcher"), name
     watcher = env(rendered["plugin-watcher"])
     assert watcher["ACCELERATOR_DP_REGISTRATION"] == "auto"
+
+
+def test_only_the_cdi_overlay_mounts_the_cdi_directory_and_turns_cdi_on(rendered):
+    for name, manifests in rendered.items():
+        (daemonset,) = [m for m in manifests if m["kind"] == "DaemonSet"]
+        spec = daemonset["spec"]["template"]["spec"]
+        paths = [v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v]
+        assert ("/var/run/cdi" in paths) == (name == "cdi"), name
+        assert (env(manifests).get("ACCELERATOR_DP_CDI") == "true") == (name == "cdi"), name
 
 
 def test_example_pod_asks_for_one_unit_and_prints_it():

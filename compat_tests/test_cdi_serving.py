@@ -1,0 +1,79 @@
+"""CDI end to end: the real ``serve`` writes specs a runtime can read and names devices in
+Allocate for kubelets that read ``cdi_devices``; specs follow the resources and go on stop."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+
+from plugin.backends.fake_sysfs import OTHER_AFU_ID, FakeNode
+
+RESOURCE = "b-com.com/accelerator"
+SETTLE = 15.0
+SCHEMA = json.loads(
+    (Path(__file__).parents[1] / "tests" / "data" / "cdi-spec-1.1.0.schema.json").read_text())
+
+
+def specs(directory: Path) -> dict[str, dict]:
+    return {p.name: json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))}
+
+
+async def test_units_named_in_cdi_devices_beside_their_env(kubelet, plugin, tmp_path):
+    cdi = tmp_path / "cdi"
+    node = await kubelet("1.32")
+    daemon = plugin(nb_units=4, extra=["--cdi", "--cdi-spec-dir", str(cdi)])
+    await node.wait_for_devices(RESOURCE, timeout=SETTLE)
+    written = specs(cdi)
+    assert list(written) == ["b-com.com_accelerator.json"]
+    jsonschema.validate(written["b-com.com_accelerator.json"], SCHEMA)
+    answer = await node.allocate(RESOURCE, ["2", "3"])
+    assert list(answer.cdi_devices) == ["b-com.com/accelerator=2", "b-com.com/accelerator=3"]
+    assert answer.envs["ACCELERATOR_UNITS"] == "2,3", "the env stays in Allocate"
+    assert await daemon.terminate() == 0
+    assert specs(cdi) == {}, "specs removed on stop"
+
+
+async def test_cdi_only_strategy_drops_device_specs_and_alpha_kubelets_get_none(
+        kubelet, plugin, tmp_path):
+    fake = FakeNode(tmp_path / "node")
+    fake.add_dfl_card("0000:3b:00.0")
+    cdi = tmp_path / "cdi"
+    flags = ["--backend", "intel", "--sysfs-root", str(fake.sysfs_root), "--dev-root",
+             str(fake.dev_root), "--cdi", "--cdi-spec-dir", str(cdi),
+             "--device-list-strategy", "cdi"]
+    node = await kubelet("1.32")
+    plugin(extra=flags)
+    await node.wait_for_devices(RESOURCE, timeout=SETTLE)
+    answer = await node.allocate(RESOURCE, ["0000:3b:00.0"])
+    assert list(answer.cdi_devices) == ["b-com.com/accelerator=0000-3b-00.0"]
+    assert list(answer.devices) == [], "CDI only"
+    [spec] = specs(cdi).values()
+    assert spec["devices"][0]["containerEdits"]["deviceNodes"][0]["hostPath"] \
+        == "/dev/dfl-port.0"
+    await node.stop()
+    old = await kubelet("1.9")
+    await old.wait_for_devices(RESOURCE, timeout=SETTLE)
+    answer = await old.allocate(RESOURCE, ["0000:3b:00.0"])
+    assert not answer.cdi_devices and [d.host_path for d in answer.devices] \
+        == ["/dev/dfl-port.0"], "the alpha generations never get CDI: DeviceSpecs as before"
+
+
+async def test_afu_mode_specs_follow_the_resources(kubelet, plugin, tmp_path):
+    fake = FakeNode(tmp_path / "node")
+    fake.add_dfl_card("0000:3b:00.0")
+    [other] = fake.add_dfl_card("0000:d8:00.0", afu_id=OTHER_AFU_ID)
+    cdi = tmp_path / "cdi"
+    node = await kubelet("1.32")
+    plugin(extra=["--backend", "intel", "--sysfs-root", str(fake.sysfs_root), "--dev-root",
+                  str(fake.dev_root), "--resource-mode", "afu", "--cdi", "--cdi-spec-dir",
+                  str(cdi), "--rescan-interval", "0.2"])
+    await node.wait_until(lambda: len(node.registrations) == 2, timeout=SETTLE,
+                          what="two resources")
+    assert len(specs(cdi)) == 2
+    fake.remove_port(other)
+    await node.wait_until(lambda: len(specs(cdi)) == 1, timeout=SETTLE,
+                          what="the emptied resource's spec removed")
+    for spec in specs(cdi).values():
+        jsonschema.validate(spec, SCHEMA)
