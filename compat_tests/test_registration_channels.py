@@ -159,3 +159,16 @@ async def test_a_stale_watcher_socket_is_removed_by_a_kubelet_sock_instance(
     plugin(nb_units=2, extra=["--plugins-registry-dir", str(registry_of(sockdir))])
     await node.wait_for_devices(RESOURCE, timeout=SETTLE)
     assert channels(node) == ["kubelet.sock"] and not stale.exists()
+
+
+async def test_a_missing_registry_is_said_once_and_used_once_it_appears(
+        kubelet, plugin, sockdir):
+    daemon = plugin(nb_units=2, extra=watcher_flags(sockdir, "plugin-watcher"))
+    await daemon.wait_for_log(lambda e: "does not exist" in e.get("message", ""),
+                              what="the missing registry said")
+    await asyncio.sleep(1.0)
+    node = await watching_kubelet(kubelet, sockdir, "1.32")  # creates the directory
+    await node.wait_for_devices(RESOURCE, timeout=SETTLE)
+    assert channels(node) == ["plugin-watcher"]
+    said = [e for e in daemon.entries() if "does not exist" in e.get("message", "")]
+    assert len(said) == 1 and not [e for e in daemon.entries() if e.get("level") == "error"]

@@ -118,7 +118,8 @@ class ResourceServer:
         self._stop = asyncio.Event()
         self._chooser = ChannelChooser(registration, registry_dir,
                                        [a.name for a in self.candidates])
-        self.channel = Channel.KUBELET_SOCKET
+        self.channel = self._chooser.choose(identity(self.directory / KUBELET_SOCKET))
+        self._said_no_registry = False
         self._verdict = WatcherVerdict()
         self._kubelet_changed = asyncio.Event()
         self.cdi: CdiPolicy | None = None
@@ -155,6 +156,8 @@ class ResourceServer:
             self._restart.clear()
             self.channel = self._chooser.choose(identity(self.directory / KUBELET_SOCKET))
             if self.channel is Channel.PLUGIN_WATCHER:
+                if not await self._registry_present():
+                    continue
                 self._prepare_watcher()
             try:
                 await self._serve()
@@ -352,6 +355,24 @@ class ResourceServer:
             metrics.registered(self.resource_name, adapter.name, self._generation_names)
             await self._hold_terms(adapter, adapter.registration_terms(self))
             return
+
+    async def _registry_present(self) -> bool:
+        """Whether the watcher directory exists; if not, say so once and wait a while.
+
+        The kubelet creates it at start (1.13+): it is missing before the first kubelet
+        start, on an older kubelet, or when the pod does not mount it.
+        """
+        registry = self.socket_path.parent
+        if registry.is_dir():
+            self._said_no_registry = False
+            return True
+        if not self._said_no_registry:
+            self._said_no_registry = True
+            log.warning("%s: %s does not exist (kubelet not started yet, older than 1.13, or "
+                        "the directory is not mounted); registering once it appears",
+                        self.resource_name, registry)
+        await self._pause(self.timing.round_backoff_max / 10)
+        return False
 
     def _watcher_adapter(self) -> Adapter:
         return next(a for a in self.candidates if a.name == WATCHER_GENERATION)
