@@ -172,3 +172,16 @@ async def test_a_missing_registry_is_said_once_and_used_once_it_appears(
     assert channels(node) == ["plugin-watcher"]
     said = [e for e in daemon.entries() if "does not exist" in e.get("message", "")]
     assert len(said) == 1 and not [e for e in daemon.entries() if e.get("level") == "error"]
+
+
+async def test_auto_before_any_kubelet_gives_the_first_kubelet_the_watcher(
+        kubelet, plugin, sockdir):
+    """At node boot the plugin may start first: the watcher goes unanswered, kubelet.sock is
+    absent too; the kubelet that then starts is a new instance and is offered the watcher."""
+    registry_of(sockdir).mkdir()
+    plugin(nb_units=2, extra=watcher_flags(sockdir, "auto", wait=0.5))
+    await asyncio.sleep(2.0)
+    node = await watching_kubelet(kubelet, sockdir, "1.32")
+    await node.wait_for_devices(RESOURCE, timeout=SETTLE)
+    await asyncio.sleep(0.5)
+    assert channels(node) == ["plugin-watcher"]

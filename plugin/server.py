@@ -347,7 +347,11 @@ class ResourceServer:
                 await self._pause(pause)
                 pause = min(pause * 2, self.timing.round_backoff_max)
                 continue
-            if adapter is None:
+            if adapter is None:  # a new kubelet: it may be one for the other channel
+                if self._chooser.choose(identity(self.directory / KUBELET_SOCKET)) \
+                        is not self.channel:
+                    self._restart.set()
+                    return
                 pause = self.timing.round_backoff_initial
                 continue
             self.generation = adapter.name
