@@ -3,17 +3,15 @@ Allocate for kubelets that read ``cdi_devices``; specs follow the resources and 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
-import jsonschema
-
 from plugin.backends.fake_sysfs import OTHER_AFU_ID, FakeNode
+from tests.cdi_conformance import check
 
 RESOURCE = "b-com.com/accelerator"
 SETTLE = 15.0
-SCHEMA = json.loads(
-    (Path(__file__).parents[1] / "tests" / "data" / "cdi-spec-1.1.0.schema.json").read_text())
 
 
 def specs(directory: Path) -> dict[str, dict]:
@@ -27,7 +25,7 @@ async def test_units_named_in_cdi_devices_beside_their_env(kubelet, plugin, tmp_
     await node.wait_for_devices(RESOURCE, timeout=SETTLE)
     written = specs(cdi)
     assert list(written) == ["b-com.com_accelerator.json"]
-    jsonschema.validate(written["b-com.com_accelerator.json"], SCHEMA)
+    check(written["b-com.com_accelerator.json"])
     answer = await node.allocate(RESOURCE, ["2", "3"])
     assert list(answer.cdi_devices) == ["b-com.com/accelerator=2", "b-com.com/accelerator=3"]
     assert answer.envs["ACCELERATOR_UNITS"] == "2,3", "the env stays in Allocate"
@@ -76,4 +74,48 @@ async def test_afu_mode_specs_follow_the_resources(kubelet, plugin, tmp_path):
     await node.wait_until(lambda: len(specs(cdi)) == 1, timeout=SETTLE,
                           what="the emptied resource's spec removed")
     for spec in specs(cdi).values():
-        jsonschema.validate(spec, SCHEMA)
+        check(spec)
+
+
+async def test_a_resource_whose_devices_change_gets_its_spec_rewritten(kubelet, plugin, tmp_path):
+    fake = FakeNode(tmp_path / "node")
+    fake.add_dfl_card("0000:3b:00.0")
+    [second] = fake.add_dfl_card("0000:d8:00.0")
+    cdi = tmp_path / "cdi"
+    node = await kubelet("1.28")
+    plugin(extra=["--backend", "intel", "--sysfs-root", str(fake.sysfs_root), "--dev-root",
+                  str(fake.dev_root), "--cdi", "--cdi-spec-dir", str(cdi),
+                  "--rescan-interval", "0.2"])
+    await node.wait_for_devices(RESOURCE, lambda held: len(held) == 2, timeout=SETTLE)
+
+    def names() -> list[str]:
+        return [d["name"] for s in specs(cdi).values() for d in s["devices"]]
+
+    assert names() == ["0000-3b-00.0", "0000-d8-00.0"]
+    fake.remove_port(second)
+    await node.wait_until(lambda: names() == ["0000-3b-00.0"], timeout=SETTLE,
+                          what="the spec rewritten without the removed port")
+    [spec] = specs(cdi).values()
+    check(spec)
+    answer = await node.allocate(RESOURCE, ["0000:3b:00.0"])
+    assert list(answer.cdi_devices) == ["b-com.com/accelerator=0000-3b-00.0"]
+    assert [d.host_path for d in answer.devices] == ["/dev/dfl-port.0"], "both: DeviceSpecs too"
+
+
+async def test_an_unwritable_spec_directory_falls_back_to_device_specs(kubelet, plugin,
+                                                                     tmp_path):
+    fake = FakeNode(tmp_path / "node")
+    fake.add_dfl_card("0000:3b:00.0")
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    node = await kubelet("1.32")
+    daemon = plugin(extra=["--backend", "intel", "--sysfs-root", str(fake.sysfs_root),
+                           "--dev-root", str(fake.dev_root), "--cdi", "--cdi-spec-dir",
+                           str(blocker / "cdi"), "--device-list-strategy", "cdi",
+                           "--rescan-interval", "0.1"])
+    await node.wait_for_devices(RESOURCE, timeout=SETTLE)
+    await asyncio.sleep(1.0)  # ten rescans
+    answer = await node.allocate(RESOURCE, ["0000:3b:00.0"])
+    assert not answer.cdi_devices, "a name the runtime cannot resolve would fail the container"
+    assert [d.host_path for d in answer.devices] == ["/dev/dfl-port.0"]
+    assert daemon.text().count("cannot write the CDI spec") == 1, "said once, not per scan"

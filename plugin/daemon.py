@@ -21,7 +21,7 @@ from pathlib import Path
 from api_versions.negotiate import adapters
 from plugin import metrics
 from plugin.backends.base import Backend
-from plugin.cdi import CdiPolicy, SpecWriter, device_names
+from plugin.cdi import CdiPolicy, SpecWriter
 from plugin.config import Settings
 from plugin.dirwatch import Change, DirectoryWatcher
 from plugin.feed import DeviceFeed
@@ -138,12 +138,14 @@ class Daemon:
 
     def _describe_for_cdi(self, server: ResourceServer, name: str, devices: DeviceSet) -> None:
         """Spec first, names second: a device is named in Allocate only once its spec is on
-        disk for the runtime to read."""
+        disk for the runtime to read. While the spec cannot be written, Allocate answers
+        with DeviceSpecs alone, whatever the strategy: a CDI name the runtime cannot
+        resolve would fail the container."""
         if self._cdi is None:
             return
-        self._cdi.write(name, devices)
-        server.cdi = CdiPolicy(name, device_names(devices),
-                               device_specs=self.settings.device_list_strategy != "cdi")
+        written = self._cdi.write(name, devices)
+        server.cdi = CdiPolicy.of(
+            name, devices, self.settings.device_list_strategy) if written else None
 
     def _adopt(self, name: str, devices: DeviceSet) -> _Resource:
         feed = DeviceFeed(devices)

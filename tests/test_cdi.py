@@ -7,7 +7,6 @@ import logging
 import threading
 from pathlib import Path
 
-import jsonschema
 import pytest
 
 from plugin.backends.alveo import AlveoBackend
@@ -15,73 +14,118 @@ from plugin.backends.fake_alveo import build_alveo_node
 from plugin.backends.fake_sysfs import build_intel_node
 from plugin.backends.intel import IntelBackend
 from plugin.backends.units import UnitsBackend
-from plugin.cdi import SpecWriter, device_name, device_names, spec, spec_file_name
-from plugin.model import Device, DeviceNode, DeviceSet
+from plugin.cdi import (
+    CdiPolicy,
+    SpecWriter,
+    device_name,
+    device_names,
+    kind_of,
+    spec,
+    spec_file_name,
+)
+from plugin.model import Device, DeviceNode, DeviceSet, Mount
+from tests.cdi_conformance import check
 
-SCHEMA = json.loads((Path(__file__).parent / "data" / "cdi-spec-1.1.0.schema.json").read_text())
+ACCELERATOR = "b-com.com/accelerator"
+ALVEO = "amd.com/xilinx_u250_gen3x16_xdma_shell_4_1-1605029394"
 
 
-def validate(content: object) -> None:
-    jsonschema.validate(content, SCHEMA)
+def built(resource: str, devices: DeviceSet) -> dict:
+    content = spec(resource, devices)
+    assert content is not None
+    check(content)
+    return content
 
 
 def test_intel_ports_spec_carries_each_ports_node(tmp_path: Path) -> None:
-    devices = DeviceSet.of(IntelBackend(build_intel_node(tmp_path).config()).scan())
-    content = spec("b-com.com/accelerator", devices)
-    validate(content)
-    assert content is not None
+    content = built(ACCELERATOR, DeviceSet.of(IntelBackend(build_intel_node(tmp_path).config())
+                                              .scan()))
     assert content["cdiVersion"] == "0.5.0", "hostPath and digit-first names need 0.5.0"
-    assert content["kind"] == "b-com.com/accelerator"
+    assert content["kind"] == ACCELERATOR, "a resource name the parser takes is the kind"
     by_name = {d["name"]: d["containerEdits"] for d in content["devices"]}
     assert by_name["0000-5e-00.0"] == {"deviceNodes": [
         {"path": "/dev/intel-fpga-port.0", "hostPath": "/dev/intel-fpga-port.0",
          "permissions": "rw"}]}
     assert "0000-3b-00.0-port1" in by_name
-    assert all("env" not in edits for edits in by_name.values())
+    assert all("env" not in edits for edits in by_name.values()), "env stays in Allocate"
 
 
 def test_alveo_cards_and_units_give_valid_specs(tmp_path: Path) -> None:
-    alveo = DeviceSet.of(AlveoBackend(build_alveo_node(tmp_path).config()).scan())
-    content = spec("amd.com/xilinx_u250_gen3x16_xdma_shell_4_1-1605029394", alveo)
-    validate(content)
-    assert content is not None and content["cdiVersion"] == "0.5.0"
-    assert content["devices"][0]["containerEdits"]["deviceNodes"][0]["path"] \
-        == "/dev/dri/renderD128"
-    units = spec("b-com.com/accelerator", DeviceSet.of(UnitsBackend(3).scan()))
-    validate(units)
-    assert units is not None and [d["name"] for d in units["devices"]] == ["0", "1", "2"]
+    alveo = built(ALVEO, DeviceSet.of(AlveoBackend(build_alveo_node(tmp_path).config()).scan()))
+    assert alveo["cdiVersion"] == "0.5.0" and alveo["kind"] == ALVEO
+    first = alveo["devices"][0]
+    assert first["name"] == "0000-17-00.1"
+    assert first["containerEdits"]["deviceNodes"] == [
+        {"path": "/dev/dri/renderD128", "hostPath": "/dev/dri/renderD128", "permissions": "rw"}]
+    units = built(ACCELERATOR, DeviceSet.of(UnitsBackend(3).scan()))
+    assert [d["name"] for d in units["devices"]] == ["0", "1", "2"]
+    assert units["cdiVersion"] == "0.5.0", "names starting with a digit need 0.5.0"
 
 
-def test_a_dotted_kind_name_needs_0_6_0_and_no_devices_no_spec() -> None:
+def test_version_is_the_lowest_the_fields_need() -> None:
+    lettered = DeviceSet.of([Device(id="port-a", backend="units")])
+    assert built("example.com/x", lettered)["cdiVersion"] == "0.3.0", "nothing newer used"
+    assert built("example.com/shell.v2", lettered)["cdiVersion"] == "0.6.0", "dot in class"
+    mounted = DeviceSet.of([Device(id="port-a", backend="units",
+                                   mounts=(Mount("/opt/x", "/opt/x", read_only=True),))])
+    content = built("example.com/x", mounted)
+    assert content["cdiVersion"] == "0.3.0"
+    assert content["devices"][0]["containerEdits"]["mounts"] == [
+        {"hostPath": "/opt/x", "containerPath": "/opt/x", "options": ["rbind", "ro"]}]
+    assert spec("example.com/x", DeviceSet.of(())) is None, "a spec needs a device"
+
+
+@pytest.mark.parametrize("resource", [
+    ACCELERATOR, "b-com.com/afu-d8424dc4a4a3c413f89e433683f9040b", ALVEO])
+def test_resource_names_the_parser_takes_are_their_own_kind(resource: str) -> None:
+    assert kind_of(resource) == resource
+
+
+def test_a_segment_starting_with_a_digit_gets_a_letter_and_a_digest() -> None:
     devices = DeviceSet.of([Device(id="0", backend="units")])
-    dotted = spec("example.com/shell.v2", devices)
-    validate(dotted)
-    assert dotted is not None and dotted["cdiVersion"] == "0.6.0"
-    assert spec("example.com/x", DeviceSet.of(())) is None
+    resources = ["example.com/1gpu", "example.com/x1gpu", "3com.com/acc", "example.com/2gpu",
+                 "example.com/9" + "a" * 62]
+    kinds = [kind_of(r) for r in resources]
+    assert len(set(kinds)) == len(kinds), "two resources never share a kind"
+    assert kinds[1] == "example.com/x1gpu"
+    for resource in resources:
+        check(built(resource, devices))  # the parser's letter-first rule, class <= 63
 
 
 @pytest.mark.parametrize("device_id", ["0000:5e:00.0", "a" * 300, "::", "é", "-x-", "x y"])
 def test_every_id_gets_a_valid_name(device_id: str) -> None:
-    name = device_name(device_id)
-    validate({"cdiVersion": "0.5.0", "kind": "a.com/b",
-              "devices": [{"name": name, "containerEdits": {}}]})
+    check({"cdiVersion": "0.5.0", "kind": "a.com/b",
+           "devices": [{"name": device_name(device_id), "containerEdits": {}}]})
 
 
 def test_names_that_would_clash_stay_distinct() -> None:
     devices = DeviceSet.of([Device(id="0000:5e:00.0", backend="x"),
                             Device(id="0000-5e-00.0", backend="x")])
-    names = device_names(devices)
-    assert len(set(names.values())) == 2
+    assert len(set(device_names(devices).values())) == 2
+
+
+@pytest.mark.parametrize(("strategy", "specs", "names"), [
+    ("both", True, ["b-com.com/accelerator=0000-5e-00.0"]),
+    ("cdi", False, ["b-com.com/accelerator=0000-5e-00.0"]),
+    ("device-specs", True, []),
+])
+def test_strategy_decides_what_allocate_sends(strategy: str, specs: bool,
+                                              names: list[str]) -> None:
+    policy = CdiPolicy.of(ACCELERATOR, DeviceSet.of([Device(id="0000:5e:00.0", backend="x")]),
+                          strategy)
+    assert policy.device_specs is specs
+    assert policy.qualified(["0000:5e:00.0"]) == names
 
 
 def test_spec_files_never_clash_and_are_replaced_whole(tmp_path: Path) -> None:
     assert spec_file_name("a.com/b-c") != spec_file_name("a.com-b/c")
+    assert spec_file_name(ACCELERATOR) == "b-com.com_accelerator.json"
     writer = SpecWriter(tmp_path)
-    path = tmp_path / spec_file_name("b-com.com/accelerator")
+    path = tmp_path / spec_file_name(ACCELERATOR)
     sets = [DeviceSet.of([Device(id=str(i), backend="units",
                                  nodes=(DeviceNode(f"/dev/x{i}", f"/dev/x{i}", "rw"),))
-                          for i in range(n)]) for n in (1, 200)]
-    writer.write("b-com.com/accelerator", sets[0])
+                          for i in range(n)]) for n in (1, 400)]
+    assert writer.write(ACCELERATOR, sets[0])
     seen: list[str] = []
     stop = threading.Event()
 
@@ -92,14 +136,14 @@ def test_spec_files_never_clash_and_are_replaced_whole(tmp_path: Path) -> None:
     reader = threading.Thread(target=read_forever)
     reader.start()
     try:
-        for round_ in range(100):
-            writer.write("b-com.com/accelerator", sets[round_ % 2])
+        for round_ in range(200):
+            assert writer.write(ACCELERATOR, sets[round_ % 2])
     finally:
         stop.set()
         reader.join()
     assert len(seen) > 10
     for text in set(seen):
-        validate(json.loads(text))  # never a partial file
+        check(json.loads(text))  # never a partial file
     assert len(set(seen)) == 2, "only the two whole versions were ever read"
     assert sorted(p.name for p in tmp_path.iterdir()) == [path.name], "no temporary left"
     assert oct(path.stat().st_mode & 0o777) == "0o644"
@@ -107,15 +151,29 @@ def test_spec_files_never_clash_and_are_replaced_whole(tmp_path: Path) -> None:
     assert not path.exists()
 
 
+def test_unchanged_devices_leave_the_file_alone_and_changes_rewrite_it(tmp_path: Path) -> None:
+    writer = SpecWriter(tmp_path)
+    path = tmp_path / spec_file_name(ACCELERATOR)
+    two = DeviceSet.of(UnitsBackend(2).scan())
+    assert writer.write(ACCELERATOR, two)
+    inode = path.stat().st_ino
+    assert writer.write(ACCELERATOR, DeviceSet.of(UnitsBackend(2).scan()))
+    assert path.stat().st_ino == inode, "same content: not rewritten"
+    assert writer.write(ACCELERATOR, DeviceSet.of(UnitsBackend(3).scan()))
+    assert [d["name"] for d in json.loads(path.read_text())["devices"]] == ["0", "1", "2"]
+    path.unlink()  # someone cleaned the directory: the next change puts it back
+    assert writer.write(ACCELERATOR, two) and path.exists()
+
+
 def test_an_unwritable_directory_is_reported_once_and_serving_goes_on(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
     writer = SpecWriter(blocker / "cdi")  # a path below a regular file: never writable
-    devices = DeviceSet.of([Device(id="0", backend="units")])
+    one = DeviceSet.of([Device(id="0", backend="units")])
+    two = DeviceSet.of([Device(id="0", backend="units"), Device(id="1", backend="units")])
     for _ in range(5):
-        writer.write("b-com.com/accelerator", devices)
-        writer.write("b-com.com/accelerator", DeviceSet.of(
-            [Device(id="0", backend="units"), Device(id="1", backend="units")]))
+        assert not writer.write(ACCELERATOR, one), "False: Allocate must not name them"
+        assert not writer.write(ACCELERATOR, two)
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and "cannot write the CDI spec" in errors[0].getMessage()

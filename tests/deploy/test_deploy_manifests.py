@@ -24,6 +24,9 @@ ALLOWED_HOST_PATHS = {
     "/sys/devices": False,
     "/dev": False,
 }
+CREATED_HOST_PATHS = {"/var/run/cdi"}
+"""Host paths the plugin may create: a node's runtime reads CDI specs there but need not
+have made the directory."""
 
 
 def daemonset(objects: list[dict[str, Any]]) -> dict[str, Any]:
@@ -192,7 +195,10 @@ def test_mounts_are_read_only_except_the_device_plugin_directory(rendered, name)
             assert source in ALLOWED_HOST_PATHS, f"unexpected host path {source}"
             writable = ALLOWED_HOST_PATHS[source]
             assert mount.get("readOnly", False) is (not writable), mount
-            assert volume["hostPath"]["type"] == "Directory"
+            # The kubelet's and kernel's directories must already be there; the CDI spec
+            # directory belongs to no one until a writer makes it.
+            expected = "DirectoryOrCreate" if source in CREATED_HOST_PATHS else "Directory"
+            assert volume["hostPath"]["type"] == expected, source
             assert "mountPropagation" not in mount
         else:
             # Writable scratch only in memory and only for the heartbeat.
@@ -302,6 +308,14 @@ def test_only_the_cdi_overlay_mounts_the_cdi_directory_and_turns_cdi_on(rendered
         paths = [v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v]
         assert ("/var/run/cdi" in paths) == (name == "cdi"), name
         assert (env(manifests).get("ACCELERATOR_DP_CDI") == "true") == (name == "cdi"), name
+        if name == "cdi":
+            (volume,) = [v for v in spec["volumes"]
+                         if v.get("hostPath", {}).get("path") == "/var/run/cdi"]
+            # A node whose runtime never made the directory still starts the plugin.
+            assert volume["hostPath"]["type"] == "DirectoryOrCreate"
+            (container,) = spec["containers"]
+            (mount,) = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+            assert not mount.get("readOnly"), "the plugin writes specs there"
 
 
 def test_example_pod_asks_for_one_unit_and_prints_it():
