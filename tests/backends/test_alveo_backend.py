@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
+from damage import FAST_TMP, apply, captured, damage_lists
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from plugin.backends import fake_alveo, make_backend
 from plugin.backends.alveo import AlveoBackend
@@ -19,7 +18,6 @@ from plugin.backends.fake_sysfs import FakeNode, _link, _write
 from plugin.model import DeviceSet
 from plugin.resource_names import resource_name_problem
 from plugin.resources import group_by_resource, shell_resource_name
-from tests.backends.test_corrupted_trees import KINDS, captured, corrupt, entries
 
 
 def scan(node: FakeNode) -> dict:
@@ -174,24 +172,13 @@ def build(root: Path) -> FakeNode:
     return node
 
 
-with tempfile.TemporaryDirectory() as _template:
-    build(Path(_template))
-    TEMPLATE_SIZE = len(entries(Path(_template)))
-
-FAST_TMP = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-
-
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.tuples(st.integers(0, TEMPLATE_SIZE - 1), st.sampled_from(KINDS),
-                          st.binary(max_size=8)), min_size=1, max_size=4))
+@given(damage_lists(build))
 def test_discovery_survives_any_damage(damages: list[tuple[int, str, bytes]]) -> None:
     with tempfile.TemporaryDirectory(dir=FAST_TMP) as tmp:
         node = build(Path(tmp))
         intact = scan(node)
-        paths = entries(Path(tmp))
-        for index, kind, salt in damages:
-            if index < len(paths):
-                corrupt(paths[index], kind, salt)
+        apply(Path(tmp), damages)
         with captured() as log:
             devices = AlveoBackend(node.config()).scan()
         assert not [r for r in log.records if r.levelno >= logging.ERROR], "discovery raised"

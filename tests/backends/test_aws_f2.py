@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 from conftest import by_id
+from damage import FAST_TMP, ID, apply, captured, damage_lists, touched
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from test_corrupted_trees import FAST_TMP, ID, KINDS, captured, corrupt, entries, touched
 
 from plugin.backends.aws import AwsBackend, AwsF1Backend
 from plugin.backends.fake_sysfs import (
@@ -258,19 +257,8 @@ def slot_footprints(node: FakeNode) -> dict[str, list[Path]]:
     return prints
 
 
-with tempfile.TemporaryDirectory() as _template:
-    build_damageable(Path(_template))
-    F2_TEMPLATE_SIZE = len(entries(Path(_template)))
-
-damage = st.lists(
-    st.tuples(st.integers(0, F2_TEMPLATE_SIZE - 1), st.sampled_from(KINDS),
-              st.binary(max_size=8)),
-    min_size=1, max_size=4,
-)
-
-
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(damage)
+@given(damage_lists(build_damageable))
 def test_f2_discovery_survives_any_damage(damages: list[tuple[int, str, bytes]]) -> None:
     with tempfile.TemporaryDirectory(dir=FAST_TMP) as tmp:
         root = Path(tmp)
@@ -278,11 +266,7 @@ def test_f2_discovery_survives_any_damage(damages: list[tuple[int, str, bytes]])
         intact = scan(node)
         assert len(intact) == len(node.slots) and all(d.healthy for d in intact.values())
         prints = slot_footprints(node)
-        paths = entries(root)
-        damaged = [paths[i] for i, _, _ in damages if i < len(paths)]
-        for index, kind, salt in damages:
-            if index < len(paths):
-                corrupt(paths[index], kind, salt)
+        damaged = apply(root, damages)
 
         with captured() as log:
             devices = AwsBackend(node.config()).scan()

@@ -4,25 +4,16 @@ device whose files were left alone is reported exactly as on the intact tree."""
 from __future__ import annotations
 
 import logging
-import os
-import re
-import shutil
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
+from damage import FAST_TMP, ID, apply, captured, damage_lists, touched
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from plugin.backends.aws import AwsF1Backend
 from plugin.backends.fake_sysfs import FakeNode, build_intel_node
 from plugin.backends.intel import IntelBackend
 from plugin.model import Device
-
-ID = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7](-port\d+)?$")
-KINDS = ("garbage", "empty", "huge", "binary", "delete", "to_dir", "to_file", "dangling",
-         "self_loop", "fifo", "rename")
 
 
 def build(root: Path) -> FakeNode:
@@ -30,46 +21,6 @@ def build(root: Path) -> FakeNode:
     node.add_slot("0000:00:0f.0", numa_node=0)
     node.add_slot("0000:00:11.0", numa_node=1)
     return node
-
-
-def entries(root: Path) -> list[Path]:
-    found = []
-    for directory, dirs, files in os.walk(root):
-        found += [Path(directory) / n for n in sorted(dirs) + sorted(files)]
-    return sorted(found)
-
-
-def corrupt(path: Path, kind: str, salt: bytes) -> None:
-    if not os.path.lexists(path):
-        return
-    if kind == "rename":
-        target = path.with_name("garbage-" + salt.hex()[:6])
-        while os.path.lexists(target):  # two renames with the same salt in one directory
-            target = target.with_name(target.name + "x")
-        path.rename(target)
-        return
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    else:
-        path.unlink()
-    if kind == "garbage":
-        path.write_bytes(b"zz" + salt + b"\n")
-    elif kind == "empty":
-        path.write_bytes(b"")
-    elif kind == "huge":
-        path.write_bytes(b"0" * 9000)
-    elif kind == "binary":
-        path.write_bytes(b"\xff\xfe\x00" + salt)
-    elif kind == "to_dir":
-        path.mkdir()
-    elif kind == "to_file":
-        path.write_text("0x0\n")
-    elif kind == "dangling":
-        os.symlink("nowhere-" + salt.hex()[:4], path)
-    elif kind == "self_loop":
-        os.symlink(path.name, path)
-    elif kind == "fifo":
-        os.mkfifo(path)
 
 
 def footprints(node: FakeNode) -> dict[str, list[Path]]:
@@ -95,54 +46,13 @@ def footprints(node: FakeNode) -> dict[str, list[Path]]:
     return prints
 
 
-def touched(footprint: list[Path], damaged: list[Path]) -> bool:
-    return any(p == d or d in p.parents or p in d.parents for p in footprint for d in damaged)
-
-
-class Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
-@contextmanager
-def captured() -> Iterator[Records]:
-    handler = Records()
-    logger = logging.getLogger("plugin.backends")
-    logger.addHandler(handler)
-    old = logger.level
-    logger.setLevel(logging.DEBUG)
-    try:
-        yield handler
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(old)
-
-
 def scan_all(node: FakeNode) -> list[Device]:
     config = node.config()
     return IntelBackend(config).scan() + AwsF1Backend(config).scan()
 
 
-FAST_TMP = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-"""Trees are built for every example; a memory file system keeps that cheap where there is one."""
-
-with tempfile.TemporaryDirectory() as _template:
-    build(Path(_template))
-    TEMPLATE_SIZE = len(entries(Path(_template)))
-
-
-damage = st.lists(
-    st.tuples(st.integers(0, TEMPLATE_SIZE - 1), st.sampled_from(KINDS), st.binary(max_size=8)),
-    min_size=1, max_size=4,
-)
-
-
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(damage)
+@given(damage_lists(build))
 def test_discovery_survives_any_damage(damages: list[tuple[int, str, bytes]]) -> None:
     with tempfile.TemporaryDirectory(dir=FAST_TMP) as tmp:
         root = Path(tmp)
@@ -151,11 +61,7 @@ def test_discovery_survives_any_damage(damages: list[tuple[int, str, bytes]]) ->
         by_function = footprints(node)
         prints = {i: by_function[i.split("-port")[0]] for i in intact}
         assert len(intact) == len(node.ports) + len(node.slots)
-        paths = entries(root)
-        damaged = [paths[i] for i, _, _ in damages if i < len(paths)]
-        for index, kind, salt in damages:
-            if index < len(paths):
-                corrupt(paths[index], kind, salt)
+        damaged = apply(root, damages)
 
         with captured() as log:
             devices = scan_all(node)
