@@ -77,11 +77,7 @@ def afu_resource_name(prefix: str, afu_id: str) -> str:
     cleaned = _NOT_NAME.sub("", afu_id.lower())
     if not cleaned or len(AFU_PREFIX) + len(cleaned) > MAX_SHORT_NAME:
         cleaned = "h" + hashlib.sha256(afu_id.encode()).hexdigest()[:40]
-    name = f"{domain}/{AFU_PREFIX}{cleaned}"
-    problem = resource_name_problem(name)
-    if problem:
-        raise ValueError(f"--resource-prefix {prefix!r} gives invalid resource names: {problem}")
-    return name
+    return _checked(prefix, f"{domain}/{AFU_PREFIX}{cleaned}")
 
 
 def shell_resource_name(prefix: str, shell: str, timestamp: str | None) -> str:
@@ -99,7 +95,11 @@ def shell_resource_name(prefix: str, shell: str, timestamp: str | None) -> str:
         short = f"{short[:MAX_SHORT_NAME - 17].rstrip('-_.')}-{digest}"
     if not short:
         short = "shell-h" + hashlib.sha256(whole.encode()).hexdigest()[:40]
-    name = f"{domain}/{short}"
+    return _checked(prefix, f"{domain}/{short}")
+
+
+def _checked(prefix: str, name: str) -> str:
+    """``name``, or ValueError blaming ``--resource-prefix``: the ID part is always valid."""
     problem = resource_name_problem(name)
     if problem:
         raise ValueError(f"--resource-prefix {prefix!r} gives invalid resource names: {problem}")

@@ -354,11 +354,14 @@ class ResourceServer:
                     return
                 pause = self.timing.round_backoff_initial
                 continue
-            self.generation = adapter.name
-            self.registrations += 1
-            metrics.registered(self.resource_name, adapter.name, self._generation_names)
+            self._now_registered(adapter)
             await self._hold_terms(adapter, adapter.registration_terms(self))
             return
+
+    def _now_registered(self, adapter: Adapter) -> None:
+        self.generation = adapter.name
+        self.registrations += 1
+        metrics.registered(self.resource_name, adapter.name, self._generation_names)
 
     async def _registry_present(self) -> bool:
         """Whether the watcher directory exists; if not, say so once and wait a while.
@@ -414,9 +417,7 @@ class ResourceServer:
                           "kubelet to try again", self.resource_name, why)
                 continue
             self._registered_with = identity(self.directory / KUBELET_SOCKET)
-            self.generation = adapter.name
-            self.registrations += 1
-            metrics.registered(self.resource_name, adapter.name, self._generation_names)
+            self._now_registered(adapter)
             log.info("registered %s through the plugin watcher (%s)", self.resource_name,
                      adapter.name)
             terms = asyncio.create_task(self._hold_terms(adapter, adapter.registration_terms(self)))

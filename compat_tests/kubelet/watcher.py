@@ -20,7 +20,7 @@ import logging
 import stat
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -134,10 +134,8 @@ class PluginWatcher:
                 log.warning("kubelet %s: %s", self.kubelet.model.name, problem)
             return problem is None
 
-    def _problem(self, info: object, path: Path) -> str | None:
-        kind = getattr(info, "type", "")
-        name = getattr(info, "name", "")
-        versions = list(getattr(info, "supported_versions", []))
+    def _problem(self, info: Any, path: Path) -> str | None:
+        kind, name, versions = info.type, info.name, list(info.supported_versions)
         if kind != DEVICE_PLUGIN_TYPE:
             return (f"RegisterPlugin error -- no handler registered for plugin type: {kind} "
                     f"at socket {path}")

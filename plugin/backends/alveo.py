@@ -51,7 +51,7 @@ from pathlib import Path
 from plugin.backends.base import BackendConfig
 from plugin.backends.devnodes import NodeResolver
 from plugin.backends.pci import PciAddress, parse_bdf
-from plugin.backends.pcifn import PciFunction, read_function
+from plugin.backends.pcifn import PciFunction, pci_id, read_function
 from plugin.backends.sysfs import Attr, Notes, exists, is_dir, is_link, list_dir, read_attr
 from plugin.model import Device, Health
 
@@ -146,7 +146,8 @@ class AlveoBackend:
             if address is None:
                 continue  # the aws backend, which lists the same directory, says so
             vendor = read_attr(path / "vendor")
-            if vendor.text is None or _vendor(vendor.text) not in VENDORS:
+            # The aws backend lists the same directory and reports unreadable vendors.
+            if pci_id(vendor, []) not in VENDORS:
                 continue
             found[address] = _Function(read_function(address, path, warnings),
                                        user=exists(path / USER_MARKER),
@@ -239,11 +240,6 @@ class AlveoBackend:
             warnings.append(f"{timestamp.path}: {timestamp.problem or 'not a number'}; "
                             "shell timestamp unknown")
         return shell
-
-
-def _vendor(text: str) -> str:
-    text = text.strip().lower()
-    return text if text.startswith("0x") else f"0x{text}"
 
 
 def _subdevices(function: Path, prefix: str) -> list[Path]:

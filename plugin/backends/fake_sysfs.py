@@ -343,11 +343,18 @@ def build_intel_node(root: Path) -> FakeNode:
     return node
 
 
-def build_f1_16xlarge(root: Path) -> FakeNode:
-    """Eight F1 slots (0-3 on NUMA 0, 4-7 on NUMA 1) among Amazon's network and disk functions."""
+def _amazon_instance(root: Path) -> FakeNode:
+    """A node with the network (ENA) and NVMe functions every AWS instance has, which share
+    Amazon's vendor ID with the FPGA slots."""
     node = FakeNode(root)
     node.add_function("0000:00:03.0", AMAZON_VENDOR, "0xec20", 0, pci_class="0x020000")
     node.add_function("0000:00:04.0", AMAZON_VENDOR, "0x8061", 0, pci_class="0x010802")
+    return node
+
+
+def build_f1_16xlarge(root: Path) -> FakeNode:
+    """Eight F1 slots (0-3 on NUMA 0, 4-7 on NUMA 1) among Amazon's network and disk functions."""
+    node = _amazon_instance(root)
     for index, bdf in enumerate(F1_16XLARGE_SLOTS):
         node.add_slot(bdf, numa_node=0 if index < 4 else 1)
     return node
@@ -365,9 +372,7 @@ def build_f2_48xlarge(root: Path) -> FakeNode:
     Each slot is a cleared application function at ``F2_48XLARGE_SLOTS[i]`` with its
     management function at function 1 of the same device.
     """
-    node = FakeNode(root)
-    node.add_function("0000:00:03.0", AMAZON_VENDOR, "0xec20", 0, pci_class="0x020000")
-    node.add_function("0000:00:04.0", AMAZON_VENDOR, "0x8061", 0, pci_class="0x010802")
+    node = _amazon_instance(root)
     for index, bdf in enumerate(F2_48XLARGE_SLOTS):
         node.add_f2_slot(bdf, numa_node=0 if index < 4 else 1)
     return node
