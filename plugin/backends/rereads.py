@@ -21,7 +21,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from plugin.backends.sysfs import read_contents, reread
+from plugin.backends.sysfs import reread_all
 
 MAX_KEPT_OPEN = 256
 """Files kept open at most; any beyond are re-read by path. 128 ports' worth, far below the
@@ -70,8 +70,7 @@ class KeptFiles:
         self._fds = []
 
     def _read(self) -> Reading:
-        return tuple(reread(fd, path) if fd is not None else read_contents((path,))[0]
-                     for fd, path in zip(self._fds, self._paths, strict=True))
+        return reread_all(self._fds, self._paths)
 
 
 def _open_regular(path: Path) -> int | None:
