@@ -52,7 +52,8 @@ class Settings:
     dev_root: Path = Path("/dev")
     resource_mode: str = "single"
     resource_prefix: str = "b-com.com"
-    rescan_interval: float = 5.0
+    rescan_interval: float | None = None
+    """None: 30 s while every event source listens, 5 s while one cannot."""
     health_interval: float = 0.5
     scan_stall_timeout: float = 10.0
     kubelet_check_interval: float = 5.0
@@ -276,8 +277,10 @@ def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
     env.add("--watcher-wait", default=5.0, convert=TIMEOUT,
             help="seconds auto waits for a kubelet to register the watcher socket before "
                  f"registering through kubelet.sock ({TIMEOUT.describe()})")
-    env.add("--rescan-interval", default=5.0, convert=INTERVAL,
-            help=f"seconds between safety-net rescans of sysfs ({INTERVAL.describe()})")
+    env.add("--rescan-interval", default=None, convert=INTERVAL,
+            help="seconds between safety-net rescans of sysfs; by default 30 while kernel "
+                 "uevents and inotify are received, 5 while they cannot be "
+                 f"({INTERVAL.describe()})")
     env.add("--health-interval", default=0.5, convert=HEALTH_INTERVAL,
             help="seconds between re-reads of the files that decide health (AFU ID, errors; "
             f"{HEALTH_INTERVAL.describe()})")

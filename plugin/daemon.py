@@ -31,6 +31,7 @@ from plugin.resources import group_by_resource, socket_name_for
 from plugin.server import ResourceServer, Timing
 from plugin.signals import Meaning, SignalRouter, name_of
 from plugin.supervise import MAX_DELAY, supervise
+from plugin.ticks import sleep_to_tick
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +225,7 @@ class Daemon:
     async def _safety_net(self) -> None:
         """Catch what inotify missed (overflow, unusual filesystems), at a slow pace."""
         while True:
-            await asyncio.sleep(self.settings.kubelet_check_interval)
+            await sleep_to_tick(self.settings.kubelet_check_interval)
             for resource in list(self.resources.values()):
                 resource.server.check()
 
@@ -240,7 +241,7 @@ class Daemon:
                     path.write_text(f"{time.time():.3f}\n")
                 except OSError as exc:
                     log.warning("cannot write heartbeat %s: %s", path, exc)
-            await asyncio.sleep(self.settings.heartbeat_interval)
+            await sleep_to_tick(self.settings.heartbeat_interval)
 
     def _enable_metrics(self) -> None:
         """Metrics are a convenience: a port already taken must not stop device serving."""

@@ -4,8 +4,13 @@ A backend only knows how to scan. This module decides when: once at start; whene
 watched directory changes (device nodes created or removed) or the kernel announces a device
 (uevents); whenever one of the few files that decide health but give no event (a port's
 ``afu_id`` and error register) reads differently, checked every ``health_interval``; and
-every ``rescan_interval`` as the safety net for everything else. Bursts of events are folded
-into one scan.
+now and then as the safety net for everything else. Bursts of events are folded into one
+scan.
+
+How often the safety net runs depends on whether the monitor can hear changes. While every
+event source is listening (the uevent socket is bound, inotify works) a full rescan only
+catches what an event missed, and runs every 30 s; while one cannot listen, rescans are how
+hot-plug is found, and run every 5 s. An explicit ``rescan_interval`` overrides both.
 
 Scans and health re-reads run one at a time on a worker thread of their own (see
 :mod:`plugin.worker`), so sysfs never stalls the event loop, a read that never returns
@@ -35,6 +40,7 @@ from plugin.backends.sysfs import reading_now
 from plugin.dirwatch import DirectoryWatcher
 from plugin.model import Device, DeviceSet, Health
 from plugin.supervise import supervise
+from plugin.ticks import sleep_to_tick, tick_deadline
 from plugin.worker import BlockingWorker, Job, Periodic
 
 log = logging.getLogger(__name__)
@@ -43,7 +49,20 @@ Publish = Callable[[DeviceSet], Awaitable[None]]
 TriggerSource = Callable[[], AsyncIterator[str]]
 T = TypeVar("T")
 
+LISTENING = "\0listening"
+"""Yielded by a trigger source once it can hear its events: not a change, a state. A source
+is taken as deaf from its start until it says this, and again once it ends."""
+
 DEBOUNCE_SECONDS = 0.02
+SAFETY_NET_RESCAN_SECONDS = 30.0
+"""Default time between full rescans while every event source listens: they only catch what
+an event missed (a netlink overflow the kernel could not even report, say)."""
+DEAF_RESCAN_SECONDS = 5.0
+"""Default time between full rescans while an event source cannot listen: they are then how
+hot-plug is found, so they run at the pace device plugins traditionally poll at."""
+WATCHDOG_SECONDS = 5.0
+"""Period of the re-read watchdog (at most half the stall timeout), on the same 5 s grid as
+the other slow loops so that they wake the process together."""
 STALL_TIMEOUT_SECONDS = 10.0
 """Default time a scan or re-read may take before the devices are reported Unhealthy."""
 SLOW_CALL_SECONDS = 2.0
@@ -55,7 +74,7 @@ class DeviceMonitor:
     def __init__(
         self,
         backend: Backend,
-        rescan_interval: float,
+        rescan_interval: float | None = None,
         triggers: Sequence[TriggerSource] = (),
         health_interval: float = 0.5,
         stall_timeout: float = STALL_TIMEOUT_SECONDS,
@@ -78,6 +97,10 @@ class DeviceMonitor:
         self._stalled: Job | None = None
         """The call that made the monitor report every device Unhealthy, until a scan ends."""
         self._publish: Publish | None = None
+        self._deaf: set[str] = set()
+        """Event sources not listening now; while any is, rescans run every few seconds."""
+        self._scanned_at = float("-inf")
+        """Loop time of the last scan, whatever caused it."""
 
     async def scan(self) -> DeviceSet:
         """One scan, never raising: a failing backend keeps the previous snapshot."""
@@ -122,12 +145,12 @@ class DeviceMonitor:
         """The watchdog of the worker's own re-reads, which no coroutine waits on.
 
         Calls made from the loop are watched by :meth:`_watched`; a re-read stuck with no
-        such call behind it is found here, one check every ``min(2 s, stall_timeout / 2)``.
+        such call behind it is found here, one check every ``min(5 s, stall_timeout / 2)``.
         """
-        every = min(SLOW_CALL_SECONDS, self.stall_timeout / 2)
+        every = min(WATCHDOG_SECONDS, self.stall_timeout / 2)
         named: Job | None = None
         while True:
-            await asyncio.sleep(every)
+            await sleep_to_tick(every)
             job = self._worker.current
             if self._stalled is not None and job is not self._stalled:
                 self._wake.set()  # the stuck call returned: rescan to publish the truth
@@ -169,16 +192,21 @@ class DeviceMonitor:
             "health re-read watchdog": self._watch_rereads,
         }
         for number, source in enumerate(self.triggers, start=1):
-            followers[f"uevent listener {number}"] = functools.partial(self._follow, source)
+            name = f"uevent listener {number}"
+            followers[name] = functools.partial(self._follow, name, source)
         tasks = [asyncio.create_task(supervise(name, follow), name=name)
                  for name, follow in followers.items()]
         try:
             while True:
                 # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
                 # cancellation that arrives as the event is set, and the loop never ends.
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self.rescan_interval):
+                try:
+                    async with asyncio.timeout_at(tick_deadline(self._tick_period())):
                         await self._wake.wait()
+                except TimeoutError:
+                    if not self._rescan_due():
+                        continue
+                else:
                     await asyncio.sleep(DEBOUNCE_SECONDS)
                 self._wake.clear()
                 self._watch_paths(watcher)
@@ -189,12 +217,42 @@ class DeviceMonitor:
             await asyncio.gather(*tasks, return_exceptions=True)
             watcher.close()
 
+    def _tick_period(self) -> float:
+        """How often the rescan loop looks at the clock: often enough to notice soon that an
+        event source went deaf, on the grid the daemon's other slow loops share."""
+        if self.rescan_interval is not None:
+            return self.rescan_interval
+        return DEAF_RESCAN_SECONDS
+
+    def _rescan_due(self) -> bool:
+        if self.rescan_interval is not None or self._deaf:
+            return True
+        loop = asyncio.get_running_loop()
+        return loop.time() - self._scanned_at >= SAFETY_NET_RESCAN_SECONDS - DEBOUNCE_SECONDS
+
+    def _hear(self, source: str, listening: bool) -> None:
+        """Record whether ``source`` can hear changes; say so when the rescan pace changes."""
+        was_deaf = bool(self._deaf)
+        if listening:
+            self._deaf.discard(source)
+        else:
+            self._deaf.add(source)
+        if self.rescan_interval is not None or was_deaf == bool(self._deaf):
+            return
+        if self._deaf:
+            log.warning("%s cannot hear changes; rescanning every %g s meanwhile",
+                        ", ".join(sorted(self._deaf)), DEAF_RESCAN_SECONDS)
+        else:
+            log.info("every event source is listening; full rescans every %g s as a safety "
+                     "net", SAFETY_NET_RESCAN_SECONDS)
+
     def request_scan(self, reason: str) -> None:
         """Scan again soon (SIGHUP, SIGUSR1), as if a watched directory had changed."""
         log.debug("rescan: %s", reason)
         self._wake.set()
 
     async def _scan_and_publish(self, publish: Publish) -> None:
+        self._scanned_at = asyncio.get_running_loop().time()
         snapshot = await self.scan()
         async with self._publishing:
             changed = self._last is None or snapshot != self._last
@@ -275,15 +333,28 @@ class DeviceMonitor:
     async def _follow_dirs(self, watcher: DirectoryWatcher) -> None:
         self._watch_paths(watcher)
         if not watcher.available:  # said once already; rescans do the work
+            self._hear("inotify", False)
             await asyncio.Event().wait()
         async for event in watcher.events():
             log.debug("rescan: %s %s in %s", event.change, event.name, event.directory)
             self._wake.set()
 
-    async def _follow(self, source: TriggerSource) -> None:
-        async for reason in source():
-            log.debug("rescan: %s", reason)
-            self._wake.set()
+    async def _follow(self, name: str, source: TriggerSource) -> None:
+        self._deaf.add(name)  # quietly: at start, until the source says it listens
+        try:
+            async for reason in source():
+                if reason == LISTENING:
+                    self._hear(name, True)
+                    continue
+                log.debug("rescan: %s", reason)
+                self._wake.set()
+        except asyncio.CancelledError:
+            self._deaf.add(name)  # the monitor is stopping: nothing to tell
+            raise
+        except BaseException:
+            self._hear(name, False)
+            raise
+        self._hear(name, False)  # it ended; its supervisor says so and starts it again
 
 
 def _stuck_on(job: Job) -> str:

@@ -15,6 +15,9 @@ import logging
 import socket
 from collections.abc import AsyncIterator, Collection, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from plugin.monitor import LISTENING
 
 log = logging.getLogger(__name__)
 
@@ -61,21 +64,48 @@ def parse_uevent(datagram: bytes) -> UEvent | None:
 
 
 async def kernel_uevents(subsystems: Collection[str]) -> AsyncIterator[str]:
-    """Yield a description of each kernel uevent of ``subsystems``, until closed or cancelled.
+    """Yield :data:`~plugin.monitor.LISTENING` once the socket is bound, then a description
+    of each kernel uevent of ``subsystems``, until closed or cancelled.
 
-    Returns at once, after one warning, if the netlink socket cannot be opened; never raises.
-    An empty ``subsystems`` listens to nothing and returns at once.
+    If the netlink socket cannot be opened (a seccomp profile, a kernel without it) this
+    warns once and then stays silent without ending: that is a state of the node, and a
+    source that ended would be restarted, and warned about, every half minute for ever. The
+    monitor, never told LISTENING, rescans at its short interval instead. An empty
+    ``subsystems`` listens to nothing and returns at once.
     """
     if not subsystems:
         return
     sock = open_uevent_socket()
     if sock is None:
+        await asyncio.Event().wait()
         return
     try:
+        if kernel_sends_uevents_here():
+            yield LISTENING
+        else:
+            log.warning("this process runs in a user namespace of its own, and the kernel "
+                        "sends device uevents only to network namespaces of the initial one, "
+                        "so they cannot be relied on; hot-plug is seen by the periodic rescan")
         async for description in events_from(sock, subsystems, from_kernel_only=True):
             yield description
     finally:
         sock.close()
+
+
+def kernel_sends_uevents_here(uid_map: Path = Path("/proc/self/uid_map")) -> bool:
+    """Whether device uevents reach this process's network namespace, as far as it can tell.
+
+    The kernel broadcasts them only into network namespaces owned by the initial user
+    namespace (lib/kobject_uevent.c, since Linux 4.18). A socket in any other namespace
+    binds without error and then hears nothing, so silence would be mistaken for a quiet
+    node. A process in the initial user namespace sees the identity map over every ID; a pod
+    with ``hostUsers: false`` sees a partial one. When that cannot be read, assume not: the
+    cost is rescans at the short interval, never a missed device.
+    """
+    try:
+        return uid_map.read_text().split() == ["0", "0", "4294967295"]
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def open_uevent_socket() -> socket.socket | None:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from pathlib import Path
 
 import pytest
 
 from plugin import uevents
+from plugin.monitor import LISTENING
 from plugin.uevents import events_from, kernel_uevents, parse_uevent
 
 PATIENCE = 30.0
@@ -74,18 +76,35 @@ async def test_events_not_sent_by_the_kernel_are_dropped() -> None:
         writer.close()
 
 
-async def test_without_netlink_the_source_ends_with_one_warning(
+async def test_without_netlink_the_source_warns_once_and_stays_silent(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """Ending would get the source restarted, and the warning repeated, for ever; and it
+    never says LISTENING, so the monitor keeps rescanning at its short interval."""
     def refuse(*args: object, **kwargs: object) -> socket.socket:
         raise PermissionError(1, "Operation not permitted")
 
     monkeypatch.setattr(uevents.socket, "socket", refuse)
-    with caplog.at_level(logging.WARNING):
-        received = [event async for event in kernel_uevents({"pci"})]
+    received: list[str] = []
+
+    async def collect() -> None:
+        async for event in kernel_uevents({"pci"}):
+            received.append(event)
+
+    with caplog.at_level(logging.WARNING), pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.5):
+            await collect()
     assert received == []
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "periodic rescan" in warnings[0].getMessage()
+
+
+async def test_a_bound_socket_first_says_it_listens() -> None:
+    stream = kernel_uevents({"pci"})
+    try:
+        assert await asyncio.wait_for(anext(stream), PATIENCE) == LISTENING
+    finally:
+        await stream.aclose()
 
 
 async def test_nothing_to_listen_for_ends_at_once() -> None:
@@ -94,9 +113,25 @@ async def test_nothing_to_listen_for_ends_at_once() -> None:
 
 async def test_listening_can_be_stopped() -> None:
     stream = kernel_uevents({"pci"})
+    assert await asyncio.wait_for(anext(stream), PATIENCE) == LISTENING
     pending = asyncio.ensure_future(anext(stream))
     await asyncio.sleep(0.05)
     pending.cancel()
     with pytest.raises((asyncio.CancelledError, StopAsyncIteration)):
         await pending
     await stream.aclose()
+
+
+@pytest.mark.parametrize(("uid_map", "expected"), [
+    ("         0          0 4294967295\n", True),  # the initial user namespace
+    ("         0     100000      65536\n", False),  # a pod with hostUsers: false
+    ("         0          0          1\n", False),  # unshare --map-root-user
+    (None, False),  # cannot tell: assume not, and rescan often
+])
+def test_uevents_are_relied_on_only_in_the_initial_user_namespace(
+    tmp_path: Path, uid_map: str | None, expected: bool,
+) -> None:
+    path = tmp_path / "uid_map"
+    if uid_map is not None:
+        path.write_text(uid_map)
+    assert uevents.kernel_sends_uevents_here(path) is expected

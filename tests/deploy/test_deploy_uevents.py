@@ -23,12 +23,14 @@ from deploy_support import REPO
 TRIGGER = Path("/sys/devices/virtual/mem/null/uevent")
 LISTENER = """
 import asyncio, sys
+from plugin.monitor import LISTENING
 from plugin.uevents import kernel_uevents
 
 async def main():
-    stream = kernel_uevents(("mem",))
-    print("listening", flush=True)
-    async for description in stream:
+    async for description in kernel_uevents(("mem",)):
+        if description == LISTENING:  # bound: a uevent from now on is received
+            print("listening", flush=True)
+            continue
         print(description, flush=True)
         return
 

@@ -1,0 +1,123 @@
+"""The safety-net rescan pace of the real ``serve`` process, with and without kernel uevents.
+
+A node where the uevent socket cannot be opened (a seccomp profile that refuses netlink, a
+kernel built without it) is a state of the node, not a fault to retry: the plugin must say so
+once and then find hot-plug by rescanning every few seconds, not restart a listener that can
+never work and log an error about it every half minute for ever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from compat_tests.plugin_process import PluginProcess
+from compat_tests.test_faults_discovery import RESOURCE, SETTLE, messages, stops_promptly
+from plugin.backends.fake_sysfs import FakeNode
+
+REFUSE_NETLINK = textwrap.dedent('''
+    """Loaded at start-up from PYTHONPATH: netlink sockets are refused, as a seccomp
+    profile would refuse them."""
+    import socket
+
+    _Socket = socket.socket
+
+
+    class _NoNetlink(_Socket):
+        def __init__(self, family=-1, type=-1, proto=-1, fileno=None):
+            if family == socket.AF_NETLINK:
+                raise PermissionError(1, "Operation not permitted")
+            super().__init__(family, type, proto, fileno)
+
+
+    socket.socket = _NoNetlink
+''')
+
+
+def refuse_netlink(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the next ``serve`` started refuse netlink sockets."""
+    site = tmp_path / "refuse-netlink"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(REFUSE_NETLINK)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(site), *filter(None, [os.environ.get("PYTHONPATH")])]))
+
+
+def intel(node: FakeNode) -> list[str]:
+    return ["--backend", "intel", "--sysfs-root", str(node.sysfs_root),
+            "--dev-root", str(node.dev_root)]
+
+
+async def test_without_uevents_the_plugin_warns_once_and_finds_changes_by_frequent_rescans(
+    kubelet, plugin, tmp_path, monkeypatch,
+) -> None:
+    node = FakeNode(tmp_path / "node")
+    node.add_opae_card("0000:5e:00.0", numa_node=0)
+    emulated = await kubelet("1.26")
+    refuse_netlink(tmp_path, monkeypatch)
+    daemon: PluginProcess = plugin(extra=intel(node))
+    devices = await emulated.wait_for_devices(RESOURCE, timeout=SETTLE)
+    assert devices["0000:5e:00.0"].numa_nodes == (0,)
+
+    # An attribute changed in place gives no event of any kind: only a rescan finds it,
+    # and without uevents they come every 5 s.
+    (node.function_path("0000:5e:00.0") / "numa_node").write_text("1\n")
+    devices = await emulated.wait_for_devices(
+        RESOURCE, lambda d: d["0000:5e:00.0"].numa_nodes == (1,), timeout=SETTLE)
+    await asyncio.sleep(2.0)  # a supervisor restarting a dead listener would have logged
+
+    warned = [m for m in messages(daemon, "warning") if "uevent" in m]
+    assert len(warned) == 1 and "periodic rescan" in warned[0], warned
+    assert not messages(daemon, "error")
+    await stops_promptly(daemon)
+
+
+async def test_in_a_user_namespace_of_its_own_the_plugin_does_not_trust_silence(
+    kubelet, sockdir, logdir, tmp_path,
+) -> None:
+    """A pod with ``hostUsers: false``: the uevent socket binds, and the kernel sends it
+    nothing. Taking that silence for a quiet node would leave hot-plug to a 30 s rescan."""
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) is not installed")
+    probe = subprocess.run(["unshare", "--user", "--map-root-user", "true"],
+                           capture_output=True, text=True, timeout=30, check=False)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot create a user namespace here: {probe.stderr.strip()}")
+    node = FakeNode(tmp_path / "node")
+    node.add_opae_card("0000:5e:00.0", numa_node=0)
+    emulated = await kubelet("1.26")
+    daemon = PluginProcess(sockdir, logdir, extra=intel(node), name="userns")
+    daemon.args = ["unshare", "--user", "--map-root-user", *daemon.args]
+    daemon.start()
+    try:
+        await emulated.wait_for_devices(RESOURCE, timeout=SETTLE)
+        (node.function_path("0000:5e:00.0") / "numa_node").write_text("1\n")
+        await emulated.wait_for_devices(
+            RESOURCE, lambda d: d["0000:5e:00.0"].numa_nodes == (1,), timeout=SETTLE)
+        warned = [m for m in messages(daemon, "warning") if "user namespace" in m]
+        assert len(warned) == 1, messages(daemon, "warning")
+        assert not messages(daemon, "error")
+        await stops_promptly(daemon)
+    finally:
+        daemon.kill()
+
+
+async def test_with_uevents_the_plugin_says_rescans_are_only_a_safety_net(
+    kubelet, plugin, tmp_path,
+) -> None:
+    node = FakeNode(tmp_path / "node")
+    node.add_opae_card("0000:5e:00.0", numa_node=0)
+    emulated = await kubelet("1.26")
+    daemon: PluginProcess = plugin(extra=intel(node))
+    await emulated.wait_for_devices(RESOURCE, timeout=SETTLE)
+    await daemon.wait_for_log(
+        lambda e: "every event source is listening; full rescans every 30 s" in
+        e.get("message", ""), what="the safety-net pace")
+    assert not messages(daemon, "warning") and not messages(daemon, "error")
+    await stops_promptly(daemon)
