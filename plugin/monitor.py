@@ -99,8 +99,6 @@ class DeviceMonitor:
         self._publish: Publish | None = None
         self._deaf: set[str] = set()
         """Event sources not listening now; while any is, rescans run every few seconds."""
-        self._scanned_at = float("-inf")
-        """Loop time of the last scan, whatever caused it."""
 
     async def scan(self) -> DeviceSet:
         """One scan, never raising: a failing backend keeps the previous snapshot."""
@@ -194,19 +192,18 @@ class DeviceMonitor:
         for number, source in enumerate(self.triggers, start=1):
             name = f"uevent listener {number}"
             followers[name] = functools.partial(self._follow, name, source)
+            self._deaf.add(name)  # until it says it listens
+        if not watcher.available:  # said once already by the watcher
+            self._deaf.add("inotify")
         tasks = [asyncio.create_task(supervise(name, follow), name=name)
                  for name, follow in followers.items()]
         try:
             while True:
                 # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
                 # cancellation that arrives as the event is set, and the loop never ends.
-                try:
-                    async with asyncio.timeout_at(tick_deadline(self._tick_period())):
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout_at(tick_deadline(self.rescan_period())):
                         await self._wake.wait()
-                except TimeoutError:
-                    if not self._rescan_due():
-                        continue
-                else:
                     await asyncio.sleep(DEBOUNCE_SECONDS)
                 self._wake.clear()
                 self._watch_paths(watcher)
@@ -217,18 +214,11 @@ class DeviceMonitor:
             await asyncio.gather(*tasks, return_exceptions=True)
             watcher.close()
 
-    def _tick_period(self) -> float:
-        """How often the rescan loop looks at the clock: often enough to notice soon that an
-        event source went deaf, on the grid the daemon's other slow loops share."""
+    def rescan_period(self) -> float:
+        """Time between safety-net rescans now: as told, else by whether changes are heard."""
         if self.rescan_interval is not None:
             return self.rescan_interval
-        return DEAF_RESCAN_SECONDS
-
-    def _rescan_due(self) -> bool:
-        if self.rescan_interval is not None or self._deaf:
-            return True
-        loop = asyncio.get_running_loop()
-        return loop.time() - self._scanned_at >= SAFETY_NET_RESCAN_SECONDS - DEBOUNCE_SECONDS
+        return DEAF_RESCAN_SECONDS if self._deaf else SAFETY_NET_RESCAN_SECONDS
 
     def _hear(self, source: str, listening: bool) -> None:
         """Record whether ``source`` can hear changes; say so when the rescan pace changes."""
@@ -240,8 +230,9 @@ class DeviceMonitor:
         if self.rescan_interval is not None or was_deaf == bool(self._deaf):
             return
         if self._deaf:
-            log.warning("%s cannot hear changes; rescanning every %g s meanwhile",
+            log.warning("%s cannot hear changes; rescanning now and every %g s meanwhile",
                         ", ".join(sorted(self._deaf)), DEAF_RESCAN_SECONDS)
+            self._wake.set()  # what it missed while failing, and the short pace from now
         else:
             log.info("every event source is listening; full rescans every %g s as a safety "
                      "net", SAFETY_NET_RESCAN_SECONDS)
@@ -252,7 +243,6 @@ class DeviceMonitor:
         self._wake.set()
 
     async def _scan_and_publish(self, publish: Publish) -> None:
-        self._scanned_at = asyncio.get_running_loop().time()
         snapshot = await self.scan()
         async with self._publishing:
             changed = self._last is None or snapshot != self._last
@@ -333,14 +323,12 @@ class DeviceMonitor:
     async def _follow_dirs(self, watcher: DirectoryWatcher) -> None:
         self._watch_paths(watcher)
         if not watcher.available:  # said once already; rescans do the work
-            self._hear("inotify", False)
             await asyncio.Event().wait()
         async for event in watcher.events():
             log.debug("rescan: %s %s in %s", event.change, event.name, event.directory)
             self._wake.set()
 
     async def _follow(self, name: str, source: TriggerSource) -> None:
-        self._deaf.add(name)  # quietly: at start, until the source says it listens
         try:
             async for reason in source():
                 if reason == LISTENING:
