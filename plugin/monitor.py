@@ -143,12 +143,20 @@ class DeviceMonitor:
         """The watchdog of the worker's own re-reads, which no coroutine waits on.
 
         Calls made from the loop are watched by :meth:`_watched`; a re-read stuck with no
-        such call behind it is found here, one check every ``min(5 s, stall_timeout / 2)``.
+        such call behind it is found here, one check every ``min(5 s, stall_timeout / 2)``
+        on the shared tick, and one more exactly when a re-read seen running reaches the
+        stall timeout, so the devices turn Unhealthy on time and not up to a tick later.
         """
+        loop = asyncio.get_running_loop()
         every = min(WATCHDOG_SECONDS, self.stall_timeout / 2)
         named: Job | None = None
+        job: Job | None = None
         while True:
-            await sleep_to_tick(every)
+            to_stall = self.stall_timeout - job.age() if job is not None else 0.0
+            if job is not None and job.what == self._reread_name and to_stall > 0:
+                await asyncio.sleep(min(to_stall, tick_deadline(every) - loop.time()))
+            else:
+                await sleep_to_tick(every)
             job = self._worker.current
             if self._stalled is not None and job is not self._stalled:
                 self._wake.set()  # the stuck call returned: rescan to publish the truth
