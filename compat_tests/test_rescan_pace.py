@@ -72,8 +72,10 @@ async def test_without_uevents_the_plugin_warns_once_and_finds_changes_by_freque
         RESOURCE, lambda d: d["0000:5e:00.0"].numa_nodes == (1,), timeout=SETTLE)
     await asyncio.sleep(2.0)  # a supervisor restarting a dead listener would have logged
 
-    warned = [m for m in messages(daemon, "warning") if "uevent" in m]
-    assert len(warned) == 1 and "periodic rescan" in warned[0], warned
+    warnings = messages(daemon, "warning")
+    assert len([m for m in warnings if "uevent socket" in m]) == 1, warnings
+    assert warnings.count("rescanning every 5 s while uevent listener 1 cannot hear "
+                          "changes") == 1, warnings
     assert not messages(daemon, "error")
     await stops_promptly(daemon)
 
@@ -106,6 +108,58 @@ async def test_in_a_user_namespace_of_its_own_the_plugin_does_not_trust_silence(
         await stops_promptly(daemon)
     finally:
         daemon.kill()
+
+
+REFUSE_WATCHES = textwrap.dedent('''
+    """Loaded at start-up from PYTHONPATH: inotify watches under DP_TEST_REFUSED_ROOT fail
+    as they do once the node's fs.inotify.max_user_watches is used up."""
+    import errno
+    import os
+
+    import asyncinotify
+
+    _add_watch = asyncinotify.Inotify.add_watch
+    _refused = os.environ["DP_TEST_REFUSED_ROOT"]
+
+
+    def add_watch(self, path, mask):
+        if str(path).startswith(_refused):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return _add_watch(self, path, mask)
+
+
+    asyncinotify.Inotify.add_watch = add_watch
+''')
+
+
+async def test_a_device_directory_that_cannot_be_watched_is_made_up_for_by_frequent_rescans(
+    kubelet, plugin, tmp_path, monkeypatch,
+) -> None:
+    """With the watch limit reached, a deleted device node gives no event: the default 30 s
+    safety net would leave a dead device Healthy for up to half a minute."""
+    node = FakeNode(tmp_path / "node")
+    [port] = node.add_opae_card("0000:5e:00.0", numa_node=0)
+    site = tmp_path / "refuse-watches"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(REFUSE_WATCHES)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(site), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    monkeypatch.setenv("DP_TEST_REFUSED_ROOT", str(node.dev_root))
+    emulated = await kubelet("1.26")
+    daemon: PluginProcess = plugin(extra=intel(node))
+    await emulated.wait_for_devices(RESOURCE, timeout=SETTLE)
+    await daemon.wait_for_log(
+        lambda e: "rescanning every 5 s while inotify cannot hear changes" in
+        e.get("message", ""), what="the short rescan pace, and why")
+
+    node.delete_device_node(port)
+    await emulated.wait_for_devices(
+        RESOURCE, lambda d: not d["0000:5e:00.0"].healthy, timeout=SETTLE)
+    refused = [m for m in messages(daemon, "warning") if "max_user_watches" in m]
+    assert refused and all(str(node.dev_root) in m for m in refused), refused
+    assert len(refused) == len(set(refused)), "each refusal is said once"
+    assert not messages(daemon, "error")
+    await stops_promptly(daemon)
 
 
 async def test_with_uevents_the_plugin_says_rescans_are_only_a_safety_net(

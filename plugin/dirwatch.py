@@ -9,6 +9,7 @@ directory can be replaced, and some filesystems give no events at all.
 
 from __future__ import annotations
 
+import errno
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ class DirectoryWatcher:
 
     def __init__(self) -> None:
         self._watches: dict[Path, Watch] = {}
+        self._refused: dict[Path, str] = {}
         try:
             self._inotify: Inotify | None = Inotify()
         except OSError as exc:
@@ -63,7 +65,8 @@ class DirectoryWatcher:
         return self._inotify is not None
 
     def watch(self, directory: Path) -> bool:
-        """Start watching ``directory``; False (not an error) if it does not exist yet."""
+        """Start watching ``directory``; False if it does not exist yet (not an error) or
+        cannot be watched (see :meth:`refusal`)."""
         if self._inotify is None:
             return False
         if directory in self._watches:
@@ -71,9 +74,27 @@ class DirectoryWatcher:
         try:
             self._watches[directory] = self._inotify.add_watch(directory, _MASK)
         except OSError as exc:
-            log.debug("cannot watch %s yet: %s", directory, exc)
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                log.debug("cannot watch %s yet: %s", directory, exc)
+                self._refused.pop(directory, None)
+                return False
+            reason = exc.strerror or str(exc)
+            if exc.errno == errno.ENOSPC:
+                reason += " (the node's fs.inotify.max_user_watches is used up)"
+            if self._refused.get(directory) != reason:
+                log.warning("cannot watch %s: %s", directory, reason)
+            self._refused[directory] = reason
             return False
+        self._refused.pop(directory, None)
         return True
+
+    def refusal(self, directory: Path) -> str | None:
+        """Why the last :meth:`watch` of an existing ``directory`` failed, None if it did not.
+
+        A directory that exists and cannot be watched (the inotify watch limit, permissions)
+        means its changes go unheard, which its user must make up for by checking more often.
+        """
+        return self._refused.get(directory)
 
     async def events(self) -> AsyncIterator[DirEvent]:
         if self._inotify is None:

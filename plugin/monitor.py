@@ -99,6 +99,8 @@ class DeviceMonitor:
         self._publish: Publish | None = None
         self._deaf: set[str] = set()
         """Event sources not listening now; while any is, rescans run every few seconds."""
+        self._pace: tuple[float, frozenset[str]] | None = None
+        """The rescan period and deaf sources last announced."""
 
     async def scan(self) -> DeviceSet:
         """One scan, never raising: a failing backend keeps the previous snapshot."""
@@ -205,8 +207,10 @@ class DeviceMonitor:
             self._deaf.add("inotify")
         tasks = [asyncio.create_task(supervise(name, follow), name=name)
                  for name, follow in followers.items()]
+        await asyncio.sleep(0)  # each follower's first step: a bound socket says LISTENING
         try:
             while True:
+                self._announce_pace()
                 # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
                 # cancellation that arrives as the event is set, and the loop never ends.
                 with contextlib.suppress(TimeoutError):
@@ -229,18 +233,24 @@ class DeviceMonitor:
         return DEAF_RESCAN_SECONDS if self._deaf else SAFETY_NET_RESCAN_SECONDS
 
     def _hear(self, source: str, listening: bool) -> None:
-        """Record whether ``source`` can hear changes; say so when the rescan pace changes."""
-        was_deaf = bool(self._deaf)
+        """Record whether ``source`` can hear changes. One that stops wakes a rescan: it may
+        have missed something while it was failing, and the pace changes from now."""
         if listening:
             self._deaf.discard(source)
-        else:
+        elif source not in self._deaf:
             self._deaf.add(source)
-        if self.rescan_interval is not None or was_deaf == bool(self._deaf):
+            self._wake.set()
+
+    def _announce_pace(self) -> None:
+        """Say how often rescans run, and why, each time that changes (and once at start)."""
+        pace = (self.rescan_period(), frozenset(self._deaf))
+        if pace == self._pace or self.rescan_interval is not None:
+            self._pace = pace
             return
+        self._pace = pace
         if self._deaf:
-            log.warning("%s cannot hear changes; rescanning now and every %g s meanwhile",
-                        ", ".join(sorted(self._deaf)), DEAF_RESCAN_SECONDS)
-            self._wake.set()  # what it missed while failing, and the short pace from now
+            log.warning("rescanning every %g s while %s cannot hear changes",
+                        DEAF_RESCAN_SECONDS, " and ".join(sorted(self._deaf)))
         else:
             log.info("every event source is listening; full rescans every %g s as a safety "
                      "net", SAFETY_NET_RESCAN_SECONDS)
@@ -325,8 +335,12 @@ class DeviceMonitor:
         self._last = snapshot
 
     def _watch_paths(self, watcher: DirectoryWatcher) -> None:
-        for path in self.backend.watch_paths():
-            watcher.watch(path)
+        """Watch the backend's directories; one that exists and cannot be watched (the
+        node's inotify watch limit is reached, say) makes the monitor rescan often."""
+        refused = [path for path in self.backend.watch_paths()
+                   if not watcher.watch(path) and watcher.refusal(path) is not None]
+        if watcher.available:
+            self._hear("inotify", not refused)
 
     async def _follow_dirs(self, watcher: DirectoryWatcher) -> None:
         self._watch_paths(watcher)

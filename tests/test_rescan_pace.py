@@ -88,7 +88,7 @@ async def test_a_source_that_stops_listening_brings_the_short_pace_back_and_says
     scans = await scans_over(DeviceMonitor(backend, triggers=[source]), backend, WATCHED_FOR)
     assert scans >= 6, scans
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert any("uevent listener 1 cannot hear changes; rescanning now and every 0.1 s" in m
+    assert any("rescanning every 0.1 s while uevent listener 1 cannot hear changes" in m
                for m in warnings), warnings
 
 
