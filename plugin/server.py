@@ -476,6 +476,13 @@ class ResourceServer:
             return None
         failure = attempt.exception()
         if failure is None:
+            now = identity(self.directory / KUBELET_SOCKET)
+            if now is not None and now != self._round_target:
+                # Replaced as Register returned: its directory event came during the round
+                # and was spent on it, so nothing else would tell us before the safety net.
+                log.info("%s: kubelet.sock was replaced as Register returned; negotiating "
+                         "with the new kubelet at once", self.resource_name)
+                return None
             self._registered_with = self._round_target
             return attempt.result()
         if not isinstance(failure, NegotiationError):
