@@ -170,6 +170,10 @@ class ResourceServer:
                 await self._unserve()
                 await self._pause(self.timing.round_backoff_max / 10)
                 continue
+            if self._restart.is_set():  # removed while it was being confirmed
+                await self._unserve()
+                log.info("%s: serving anew", self.resource_name)
+                continue
             if self._waited_for is not None:
                 log.info("%s: took over %s from %s", self.resource_name, self.socket_path,
                          self._waited_for.probe.describe())
@@ -300,11 +304,31 @@ class ResourceServer:
             self._server = server
             move_into_place(staged, self.socket_path)
             self._served = identity(self.socket_path)
+        await self._confirm()
+        log.debug("%s: serving on %s", self.resource_name, self.socket_path)
+
+    async def _confirm(self) -> None:
+        """Wait until the socket just put in place answers, or until a restart is asked for.
+
+        A kubelet starting up wipes the directory, and may do so right after our socket was
+        moved into place: the dial then cannot succeed, and waiting out the timeout would
+        only delay serving anew (and log an error) for nothing. The removal is seen as a
+        directory event, which asks for a restart; that ends the wait at once.
+        """
         target = f"unix://{self.socket_path.absolute()}"
         async with grpc.aio.insecure_channel(target) as channel:
-            async with asyncio.timeout(self.timing.confirm_timeout):
-                await channel.channel_ready()
-        log.debug("%s: serving on %s", self.resource_name, self.socket_path)
+            ready = asyncio.ensure_future(channel.channel_ready())
+            restart = asyncio.ensure_future(self._restart.wait())
+            try:
+                done, _ = await asyncio.wait({ready, restart}, timeout=self.timing.confirm_timeout,
+                                             return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiter in (ready, restart):
+                    waiter.cancel()
+                await asyncio.gather(ready, restart, return_exceptions=True)
+        if ready not in done and restart not in done:
+            raise TimeoutError(f"{self.socket_path} did not answer within "
+                               f"{self.timing.confirm_timeout:g} s")
 
     def _check_other_channel(self) -> None:
         """One resource, one channel, even across instances: during a rollout between

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ from api_versions.negotiate import adapters
 from api_versions.retry import RetryPolicy
 from compat_tests.kubelet import KubeletEmulator
 from plugin import server as server_module
+from plugin.dirwatch import Change, DirEvent
 from plugin.feed import DeviceFeed
 from plugin.model import DeviceSet
 from plugin.server import ResourceServer, Timing
@@ -66,3 +68,54 @@ async def test_a_kubelet_replaced_as_register_returns_is_registered_with_at_once
         await asyncio.wait_for(task, 10)
         await second.stop()
         await first.stop()
+
+
+async def test_a_socket_wiped_while_it_is_being_confirmed_is_served_anew_at_once(
+    directory: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Seen once in 54 runs of 200 kubelet restarts: a starting kubelet wiped the directory
+    just after the plugin's new socket was moved into place. The plugin then waited out its
+    2 s confirmation timeout on a socket that no longer existed, and logged an error."""
+    kubelet = KubeletEmulator(directory, "1.26")
+    await kubelet.start()
+    server = ResourceServer(
+        "b-com.com/accelerator", directory, "a.sock", DeviceFeed(DeviceSet.of(())),
+        adapters(), RetryPolicy(attempts=1), Timing(),
+    )
+    real_move, real_identity = server_module.move_into_place, server_module.identity
+    moved = False
+    wiped = False
+
+    def move_into_place(staged: Path, final: Path) -> None:
+        nonlocal moved
+        real_move(staged, final)
+        moved = True
+
+    def wipe() -> None:
+        """What a kubelet's start-up clean-up and the directory event it causes do."""
+        server.socket_path.unlink()
+        server.on_dir_event(DirEvent(directory, server.socket_name, Change.DELETED))
+
+    def identity(path: Path) -> Any:
+        nonlocal moved, wiped
+        found = real_identity(path)
+        if moved and not wiped and path == server.socket_path:
+            moved, wiped = False, True
+            asyncio.get_running_loop().call_soon(wipe)  # once serving is being confirmed
+        return found
+
+    monkeypatch.setattr(server_module, "move_into_place", move_into_place)
+    monkeypatch.setattr(server_module, "identity", identity)
+    caplog.set_level(logging.INFO)
+    task = asyncio.create_task(server.run())
+    try:
+        await kubelet.wait_until(lambda: len(kubelet.registrations) == 1, 10.0,
+                                 "registration once the wiped socket is served anew")
+    finally:
+        server.stop()
+        await asyncio.wait_for(task, 10)
+        await kubelet.stop()
+    assert wiped
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, errors
+    assert any("serving anew" in r.getMessage() for r in caplog.records)
