@@ -132,3 +132,16 @@ class PluginProcess:
             os.kill(self._process.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self._process.wait(timeout=5)
+
+
+def run_at_start_up(source: str, directory: Path, monkeypatch: Any) -> None:
+    """Make every ``serve`` started from now on in this test run ``source`` first.
+
+    ``source`` becomes a ``sitecustomize`` module on ``PYTHONPATH``, which Python imports at
+    start-up: how the fault tests put a node's condition (a refused socket, a hanging read,
+    an exhausted watch limit) in front of the real process without touching its code.
+    """
+    directory.mkdir()
+    (directory / "sitecustomize.py").write_text(source)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(directory), *filter(None, [os.environ.get("PYTHONPATH")])]))

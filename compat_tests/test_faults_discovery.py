@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from compat_tests.plugin_process import PluginProcess
+from compat_tests.plugin_process import PluginProcess, run_at_start_up
 from plugin.backends.fake_sysfs import DEFAULT_AFU_ID, FakeNode
 
 RESOURCE = "b-com.com/accelerator"
@@ -166,12 +166,8 @@ async def test_a_hanging_sysfs_read_turns_devices_unhealthy_until_it_returns(
     node = FakeNode(tmp_path / "node")
     node.add_opae_card("0000:5e:00.0", numa_node=0)
     node.add_dfl_card("0000:d8:00.0", numa_node=1)
-    inject = tmp_path / "inject"
-    inject.mkdir()
-    (inject / "sitecustomize.py").write_text(HANGING_READS)
+    run_at_start_up(HANGING_READS, tmp_path / "inject", monkeypatch)
     marker = tmp_path / "hang"
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-        [str(inject), *filter(None, [os.environ.get("PYTHONPATH")])]))
     monkeypatch.setenv("DP_TEST_HANG_MARKER", str(marker))
     emulated = await kubelet("1.26")
     daemon = plugin(extra=intel_flags(node, "--scan-stall-timeout", "1",

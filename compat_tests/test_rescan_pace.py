@@ -9,15 +9,13 @@ never work and log an error about it every half minute for ever.
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import subprocess
 import textwrap
-from pathlib import Path
 
 import pytest
 
-from compat_tests.plugin_process import PluginProcess
+from compat_tests.plugin_process import PluginProcess, run_at_start_up
 from compat_tests.test_faults_discovery import RESOURCE, SETTLE, messages, stops_promptly
 from plugin.backends.fake_sysfs import FakeNode
 
@@ -40,15 +38,6 @@ REFUSE_NETLINK = textwrap.dedent('''
 ''')
 
 
-def refuse_netlink(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make the next ``serve`` started refuse netlink sockets."""
-    site = tmp_path / "refuse-netlink"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(REFUSE_NETLINK)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-        [str(site), *filter(None, [os.environ.get("PYTHONPATH")])]))
-
-
 def intel(node: FakeNode) -> list[str]:
     return ["--backend", "intel", "--sysfs-root", str(node.sysfs_root),
             "--dev-root", str(node.dev_root)]
@@ -60,7 +49,7 @@ async def test_without_uevents_the_plugin_warns_once_and_finds_changes_by_freque
     node = FakeNode(tmp_path / "node")
     node.add_opae_card("0000:5e:00.0", numa_node=0)
     emulated = await kubelet("1.26")
-    refuse_netlink(tmp_path, monkeypatch)
+    run_at_start_up(REFUSE_NETLINK, tmp_path / "refuse-netlink", monkeypatch)
     daemon: PluginProcess = plugin(extra=intel(node))
     devices = await emulated.wait_for_devices(RESOURCE, timeout=SETTLE)
     assert devices["0000:5e:00.0"].numa_nodes == (0,)
@@ -139,11 +128,7 @@ async def test_a_device_directory_that_cannot_be_watched_is_made_up_for_by_frequ
     safety net would leave a dead device Healthy for up to half a minute."""
     node = FakeNode(tmp_path / "node")
     [port] = node.add_opae_card("0000:5e:00.0", numa_node=0)
-    site = tmp_path / "refuse-watches"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(REFUSE_WATCHES)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-        [str(site), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    run_at_start_up(REFUSE_WATCHES, tmp_path / "refuse-watches", monkeypatch)
     monkeypatch.setenv("DP_TEST_REFUSED_ROOT", str(node.dev_root))
     emulated = await kubelet("1.26")
     daemon: PluginProcess = plugin(extra=intel(node))

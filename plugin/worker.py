@@ -43,9 +43,9 @@ class Job:
 
     __slots__ = ("started", "thread_id", "what")
 
-    def __init__(self, what: str, started: float | None = None, thread_id: int = 0) -> None:
+    def __init__(self, what: str, thread_id: int = 0) -> None:
         self.what = what
-        self.started = time.monotonic() if started is None else started
+        self.started = time.monotonic()
         self.thread_id = thread_id
 
     def age(self) -> float:
