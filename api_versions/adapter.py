@@ -1,8 +1,8 @@
 """What every generation's adapter shares: registration request, ListAndWatch, refusals.
 
-An adapter is a pure translator between the internal model (``plugin.model``) and one wire
+An adapter is a pure translator between the internal model (``plugin.model.devices``) and one wire
 generation. It holds no device state: the served resource hands it the live feed, and the
-Allocate decisions come from ``plugin.allocation`` so every generation refuses alike.
+Allocate decisions come from ``plugin.model.allocation`` so every generation refuses alike.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from packaging.version import Version
 
 from api_versions.wire import Method, WireApi, rpc_handler
 from api_versions.wire_values import ReportOnce, id_problem, shown_id
-from plugin import metrics
-from plugin.allocation import AllocationError, ContainerAllocation, allocate
-from plugin.cdi import CdiPolicy
-from plugin.feed import DeviceFeed
-from plugin.model import Device, DeviceNode, Health, Mount
+from plugin.model.allocation import AllocationError, ContainerAllocation, allocate
+from plugin.model.devices import Device, DeviceNode, Health, Mount
+from plugin.model.feed import DeviceFeed
+from plugin.process import metrics
+from plugin.serving.cdi import CdiPolicy
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ Three kinds of answer, three reactions:
   other generations would meet the same absent kubelet;
 * anything else (a bad resource name, say): the kubelet refused us; report it.
 
-A round ends either registered or with an exception saying why; the caller decides when to
-start another round (see ``plugin.server``), so this module never loops forever.
+A round ends either registered or with an exception saying why; the caller decides when to start
+another round (see ``plugin.serving.deviceplugin.server``), so this module never loops forever.
 """
 
 from __future__ import annotations

@@ -15,18 +15,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.table import Row, median, ms
-from plugin.backends import BackendConfig, make_backend
-from plugin.backends.aws import AwsBackend
-from plugin.backends.base import Backend
-from plugin.backends.fake_alveo import build_alveo_node
-from plugin.backends.fake_sysfs import (
+from plugin.discovery.backends import BackendConfig, make_backend
+from plugin.discovery.backends.aws import AwsBackend
+from plugin.discovery.backends.base import Backend
+from plugin.discovery.backends.fake_alveo import build_alveo_node
+from plugin.discovery.backends.fake_sysfs import (
     FakeNode,
     build_f1_16xlarge,
     build_f2_48xlarge,
     build_ports,
 )
-from plugin.model import DeviceSet
-from plugin.resources import group_by_resource
+from plugin.model.devices import DeviceSet
+from plugin.model.resources import group_by_resource
 
 FAST_TMP = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
 TARGET = "< 100 ms"

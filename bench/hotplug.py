@@ -22,7 +22,12 @@ from bench.serving import spawn_serve
 from bench.serving import stop as _stop
 from bench.table import Row, median, ms
 from compat_tests.kubelet import KubeletEmulator
-from plugin.backends.fake_sysfs import CRASHED_AFU_ID, DEFAULT_AFU_ID, FakeNode, build_intel_node
+from plugin.discovery.backends.fake_sysfs import (
+    CRASHED_AFU_ID,
+    DEFAULT_AFU_ID,
+    FakeNode,
+    build_intel_node,
+)
 
 RESOURCE = "b-com.com/accelerator"
 WATCHED = "0000:5e:00.0"

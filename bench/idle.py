@@ -23,7 +23,7 @@ from bench.serving import spawn_serve
 from bench.serving import stop as _stop
 from bench.table import Row
 from compat_tests.kubelet import KubeletEmulator
-from plugin.backends.fake_sysfs import build_intel_node
+from plugin.discovery.backends.fake_sysfs import build_intel_node
 
 IDLE_SECONDS = 60.0
 SETTLE_SECONDS = 3.0

@@ -35,7 +35,7 @@ from bench.serving import serve_command
 from bench.serving import stop as _stop
 from bench.table import Row, median, ms, percentile
 from compat_tests.kubelet import KubeletEmulator
-from plugin.backends.fake_sysfs import FakeNode
+from plugin.discovery.backends.fake_sysfs import FakeNode
 
 RESOURCE = "b-com.com/accelerator"
 UNITS = 40

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from compat_tests.plugin_process import PluginProcess, run_at_start_up
-from plugin.backends.fake_sysfs import DEFAULT_AFU_ID, FakeNode
+from plugin.discovery.backends.fake_sysfs import DEFAULT_AFU_ID, FakeNode
 
 RESOURCE = "b-com.com/accelerator"
 SETTLE = 15.0
@@ -133,7 +133,7 @@ HANGING_READS = textwrap.dedent('''
     import os
     import time
 
-    import plugin.backends.sysfs as sysfs
+    import plugin.discovery.backends.sysfs as sysfs
 
     MARKER = os.environ["DP_TEST_HANG_MARKER"]
 

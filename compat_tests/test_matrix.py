@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from compat_tests.kubelet import PluginCallError
-from plugin.backends.fake_sysfs import FakeNode
+from plugin.discovery.backends.fake_sysfs import FakeNode
 
 RESOURCE = "b-com.com/accelerator"
 ALL_UNITS = ["0", "1", "2", "3"]

@@ -24,8 +24,8 @@ from api_versions.wire import WireApi, client_call
 from compat_tests.kubelet import PluginCallError
 from compat_tests.plugin_process import PluginProcess
 from compat_tests.test_matrix import ALL_UNITS, RESOURCE, SETTLE, assert_serves_units, unit_ids
-from plugin.backends import fake_alveo
-from plugin.backends.fake_sysfs import (
+from plugin.discovery.backends import fake_alveo
+from plugin.discovery.backends.fake_sysfs import (
     AMAZON_VENDOR,
     CRASHED_AFU_ID,
     DEFAULT_AFU_ID,
@@ -503,7 +503,7 @@ async def test_hostile_requests_are_refused_in_bounded_words(kubelet, plugin, lo
     assert huge.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert "(1,048,576 characters)" in huge.value.details
 
-    forged = "0\n2026-01-01 00:00:00,000 INFO    plugin.daemon: all is well"
+    forged = "0\n2026-01-01 00:00:00,000 INFO    plugin.process.daemon: all is well"
     with pytest.raises(PluginCallError):
         await node.allocate(RESOURCE, [forged, "\x1b[2J"])
 

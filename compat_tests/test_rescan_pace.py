@@ -17,7 +17,7 @@ import pytest
 
 from compat_tests.plugin_process import PluginProcess, run_at_start_up
 from compat_tests.test_faults_discovery import RESOURCE, SETTLE, messages, stops_promptly
-from plugin.backends.fake_sysfs import FakeNode
+from plugin.discovery.backends.fake_sysfs import FakeNode
 
 REFUSE_NETLINK = textwrap.dedent('''
     """Loaded at start-up from PYTHONPATH: netlink sockets are refused, as a seccomp

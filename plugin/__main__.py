@@ -1,5 +1,5 @@
 """``python -m plugin`` is the same as ``accelerator-device-plugin``."""
 
-from plugin.cli import main
+from plugin.cli.main import main
 
 raise SystemExit(main())

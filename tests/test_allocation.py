@@ -6,14 +6,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from plugin.allocation import (
+from plugin.model.allocation import (
     ENV_DEVICES,
     ENV_UNITS,
     AllocationError,
     allocate,
     preferred_allocation,
 )
-from plugin.model import Device, DeviceNode, DeviceSet, Health
+from plugin.model.devices import Device, DeviceNode, DeviceSet, Health
 
 
 def units(n: int) -> DeviceSet:

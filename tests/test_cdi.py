@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from plugin.backends.alveo import AlveoBackend
-from plugin.backends.fake_alveo import build_alveo_node
-from plugin.backends.fake_sysfs import build_intel_node
-from plugin.backends.intel import IntelBackend
-from plugin.backends.units import UnitsBackend
-from plugin.cdi import (
+from plugin.discovery.backends.alveo import AlveoBackend
+from plugin.discovery.backends.fake_alveo import build_alveo_node
+from plugin.discovery.backends.fake_sysfs import build_intel_node
+from plugin.discovery.backends.intel import IntelBackend
+from plugin.discovery.backends.units import UnitsBackend
+from plugin.model.devices import Device, DeviceNode, DeviceSet, Mount
+from plugin.serving.cdi import (
     CdiPolicy,
     SpecWriter,
     device_name,
@@ -23,7 +24,6 @@ from plugin.cdi import (
     spec,
     spec_file_name,
 )
-from plugin.model import Device, DeviceNode, DeviceSet, Mount
 from tests.cdi_conformance import check
 
 ACCELERATOR = "b-com.com/accelerator"

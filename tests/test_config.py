@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from plugin.config import DEFAULT_GENERATIONS, parse
+from plugin.cli.config import DEFAULT_GENERATIONS, parse
 
 
 def test_defaults_match_the_bcom_plugin() -> None:

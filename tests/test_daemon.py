@@ -19,12 +19,17 @@ import pytest
 
 from api_versions.retry import RetryPolicy
 from compat_tests.kubelet import KubeletEmulator
-from plugin.backends import make_backend
-from plugin.backends.fake_sysfs import DEFAULT_AFU_ID, OTHER_AFU_ID, FakeNode, build_intel_node
-from plugin.config import Settings
-from plugin.daemon import Daemon, heartbeat_fresh
-from plugin.resources import afu_resource_name
-from plugin.server import Timing
+from plugin.cli.config import Settings
+from plugin.discovery.backends import make_backend
+from plugin.discovery.backends.fake_sysfs import (
+    DEFAULT_AFU_ID,
+    OTHER_AFU_ID,
+    FakeNode,
+    build_intel_node,
+)
+from plugin.model.resources import afu_resource_name
+from plugin.process.daemon import Daemon, heartbeat_fresh
+from plugin.serving.deviceplugin.server import Timing
 
 FAST_TIMING = Timing(round_backoff_initial=0.1, round_backoff_max=0.5)
 
@@ -181,9 +186,9 @@ async def test_a_socket_that_cannot_be_served_is_retried_not_fatal(root: Path) -
     """The device-plugin directory is not creatable (a file is in the way): the server logs,
     keeps the process alive and serves once the obstacle is gone."""
     from api_versions.negotiate import adapters
-    from plugin.feed import DeviceFeed
-    from plugin.model import DeviceSet
-    from plugin.server import ResourceServer
+    from plugin.model.devices import DeviceSet
+    from plugin.model.feed import DeviceFeed
+    from plugin.serving.deviceplugin.server import ResourceServer
 
     blocked = root / "dp"
     blocked.write_text("not a directory")

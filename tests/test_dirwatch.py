@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from plugin import dirwatch
-from plugin.dirwatch import DirectoryWatcher
+from plugin.process import dirwatch
+from plugin.process.dirwatch import DirectoryWatcher
 
 
 def test_a_missing_directory_is_no_refusal(tmp_path: Path) -> None:

@@ -5,12 +5,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from plugin.backends.alveo import AlveoBackend
-from plugin.backends.fake_alveo import DEFAULT_SHELL, DEFAULT_TIMESTAMP, add_alveo_card
-from plugin.backends.fake_sysfs import CRASHED_AFU_ID, DEFAULT_AFU_ID, FakeNode, build_intel_node
-from plugin.backends.intel import IntelBackend
-from plugin.backends.units import UnitsBackend
-from plugin.discover import render_json, render_table
+from plugin.cli.discover import render_json, render_table
+from plugin.discovery.backends.alveo import AlveoBackend
+from plugin.discovery.backends.fake_alveo import DEFAULT_SHELL, DEFAULT_TIMESTAMP, add_alveo_card
+from plugin.discovery.backends.fake_sysfs import (
+    CRASHED_AFU_ID,
+    DEFAULT_AFU_ID,
+    FakeNode,
+    build_intel_node,
+)
+from plugin.discovery.backends.intel import IntelBackend
+from plugin.discovery.backends.units import UnitsBackend
 
 
 def test_table_shows_every_column_for_every_port(tmp_path: Path) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from plugin.feed import DeviceFeed
-from plugin.model import Device, DeviceSet
+from plugin.model.devices import Device, DeviceSet
+from plugin.model.feed import DeviceFeed
 
 
 def snapshot(*ids: str) -> DeviceSet:

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from plugin.logs import JsonFormatter, TextFormatter
+from plugin.process.logs import JsonFormatter, TextFormatter
 
 HOSTILE = "0\n2026-01-01 00:00:00 INFO forged\r\x1b[2J\x85\u2028end"
 

@@ -13,11 +13,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from api_versions.retry import RetryPolicy
 from compat_tests.kubelet import KubeletEmulator, PluginCallError
-from plugin import metrics
-from plugin.backends import make_backend
-from plugin.backends.base import BackendConfig
-from plugin.config import Settings
-from plugin.daemon import Daemon
+from plugin.cli.config import Settings
+from plugin.discovery.backends import make_backend
+from plugin.discovery.backends.base import BackendConfig
+from plugin.process import metrics
+from plugin.process.daemon import Daemon
 
 RESOURCE = "b-com.com/accelerator"
 

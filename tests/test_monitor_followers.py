@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from plugin.backends.base import Deviceless
-from plugin.model import Device, DeviceSet
-from plugin.monitor import DeviceMonitor
+from plugin.discovery.backends.base import Deviceless
+from plugin.discovery.monitor import DeviceMonitor
+from plugin.model.devices import Device, DeviceSet
 
 
 class CountingBackend(Deviceless):

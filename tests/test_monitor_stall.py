@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from plugin.backends.base import Deviceless
-from plugin.backends.fake_sysfs import FakeNode
-from plugin.backends.intel import IntelBackend
-from plugin.model import Device, DeviceSet
-from plugin.monitor import DeviceMonitor
+from plugin.discovery.backends.base import Deviceless
+from plugin.discovery.backends.fake_sysfs import FakeNode
+from plugin.discovery.backends.intel import IntelBackend
+from plugin.discovery.monitor import DeviceMonitor
+from plugin.model.devices import Device, DeviceSet
 
 PATIENCE = 10.0
 
@@ -76,7 +76,7 @@ async def test_a_stuck_scan_is_named_then_reported_unhealthy_then_recovered(
     backend = GatedBackend()
     monitor = DeviceMonitor(backend, rescan_interval=0.05, health_interval=0.05,
                             stall_timeout=0.6)
-    caplog.set_level(logging.INFO, logger="plugin.monitor")
+    caplog.set_level(logging.INFO, logger="plugin.discovery.monitor")
     async with monitoring(monitor) as snapshots:
         first = await next_snapshot(snapshots)
         assert first.healthy_ids() == ("0000:5e:00.0", "0000:d8:00.0")
@@ -163,9 +163,9 @@ def release(fifos: list[Path]) -> None:
 
 HANG_THEN_EXIT = textwrap.dedent("""
     import asyncio, threading, sys
-    from plugin.backends.base import Deviceless
-    from plugin.model import Device
-    from plugin.monitor import DeviceMonitor
+    from plugin.discovery.backends.base import Deviceless
+    from plugin.model.devices import Device
+    from plugin.discovery.monitor import DeviceMonitor
 
     class Forever(Deviceless):
         name, static = "forever", False

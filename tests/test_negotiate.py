@@ -19,8 +19,8 @@ from api_versions.negotiate import (
 )
 from api_versions.retry import RetryPolicy
 from api_versions.wire import WireApi, rpc_handler
-from plugin.feed import DeviceFeed
-from plugin.model import Device, DeviceSet
+from plugin.model.devices import Device, DeviceSet
+from plugin.model.feed import DeviceFeed
 
 FAST = RetryPolicy(attempts=4, initial_backoff=0.01, max_backoff=0.02, jitter=0.0,
                    register_timeout=2.0)

@@ -15,11 +15,11 @@ import pytest
 from api_versions.negotiate import adapters
 from api_versions.retry import RetryPolicy
 from compat_tests.kubelet import KubeletEmulator
-from plugin import server as server_module
-from plugin.dirwatch import Change, DirEvent
-from plugin.feed import DeviceFeed
-from plugin.model import DeviceSet
-from plugin.server import ResourceServer, Timing
+from plugin.model.devices import DeviceSet
+from plugin.model.feed import DeviceFeed
+from plugin.process.dirwatch import Change, DirEvent
+from plugin.serving.deviceplugin import server as server_module
+from plugin.serving.deviceplugin.server import ResourceServer, Timing
 
 
 @pytest.fixture

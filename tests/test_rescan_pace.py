@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from plugin import monitor as monitor_module
-from plugin.model import DeviceSet
-from plugin.monitor import LISTENING, DeviceMonitor
+from plugin.discovery import monitor as monitor_module
+from plugin.discovery.monitor import LISTENING, DeviceMonitor
+from plugin.model.devices import DeviceSet
 from tests.test_monitor_followers import CountingBackend
 
 SAFETY_NET = 0.6

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from plugin.model import Device, DeviceSet
-from plugin.resource_names import resource_name_problem
-from plugin.resources import (
+from plugin.model.devices import Device, DeviceSet
+from plugin.model.resource_names import resource_name_problem
+from plugin.model.resources import (
     afu_resource_name,
     group_by_resource,
     prefix_problem,

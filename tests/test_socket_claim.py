@@ -11,9 +11,9 @@ from pathlib import Path
 
 from api_versions.negotiate import adapters
 from api_versions.retry import RetryPolicy
-from plugin.feed import DeviceFeed
-from plugin.server import ResourceServer, Timing
-from plugin.socket_claim import PathState, probe
+from plugin.model.feed import DeviceFeed
+from plugin.serving.deviceplugin.server import ResourceServer, Timing
+from plugin.serving.socket_claim import PathState, probe
 
 
 def test_absent_stale_live_and_not_a_socket(tmp_path: Path) -> None:
@@ -48,7 +48,7 @@ async def test_a_waiting_server_reminds_and_never_touches_the_live_socket(caplog
         server = ResourceServer("example.com/fpga", directory, "a.sock", DeviceFeed(),
                                 adapters(), RetryPolicy(),
                                 Timing(holder_poll=0.05, holder_reminder=0.3))
-        caplog.set_level(logging.WARNING, logger="plugin.server")
+        caplog.set_level(logging.WARNING, logger="plugin.serving.deviceplugin.server")
         task = asyncio.create_task(server.run())
         await asyncio.sleep(0.8)
         server.stop()

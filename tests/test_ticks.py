@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from plugin.ticks import next_tick, sleep_to_tick
+from plugin.process.ticks import next_tick, sleep_to_tick
 
 
 @pytest.mark.parametrize(("now", "period", "tick"), [

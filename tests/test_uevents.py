@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from plugin import uevents
-from plugin.monitor import LISTENING
-from plugin.uevents import events_from, kernel_uevents, parse_uevent
+from plugin.discovery import uevents
+from plugin.discovery.monitor import LISTENING
+from plugin.discovery.uevents import events_from, kernel_uevents, parse_uevent
 
 PATIENCE = 30.0
 

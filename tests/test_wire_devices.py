@@ -23,9 +23,9 @@ from hypothesis import strategies as st
 from api_versions.adapter import Adapter
 from api_versions.negotiate import adapters
 from api_versions.wire_values import MAX_ID_BYTES, id_problem
-from plugin.backends.fake_sysfs import FakeNode, build_intel_node
-from plugin.backends.intel import IntelBackend
-from plugin.model import MAX_NUMA_NODES, Device, Health
+from plugin.discovery.backends.fake_sysfs import FakeNode, build_intel_node
+from plugin.discovery.backends.intel import IntelBackend
+from plugin.model.devices import MAX_NUMA_NODES, Device, Health
 
 ADAPTERS = adapters()
 GENERATIONS = [a.name for a in ADAPTERS]

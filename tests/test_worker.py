@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from plugin.worker import BlockingWorker, Periodic
+from plugin.discovery.worker import BlockingWorker, Periodic
 
 
 async def test_queued_calls_run_in_order_and_hand_back_results_and_errors() -> None:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from plugin.backends.fake_sysfs import FakeNode, build_f1_16xlarge, build_intel_node
-from plugin.model import Device
+from plugin.discovery.backends.fake_sysfs import FakeNode, build_f1_16xlarge, build_intel_node
+from plugin.model.devices import Device
 
 
 @pytest.fixture

@@ -105,7 +105,7 @@ class Records(logging.Handler):
 @contextmanager
 def captured() -> Iterator[Records]:
     handler = Records()
-    logger = logging.getLogger("plugin.backends")
+    logger = logging.getLogger("plugin.discovery.backends")
     logger.addHandler(handler)
     old = logger.level
     logger.setLevel(logging.DEBUG)

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from plugin.allocation import (
+from plugin.discovery.backends.aws import AwsF1Backend
+from plugin.discovery.backends.fake_sysfs import CRASHED_AFU_ID, FakeNode
+from plugin.discovery.backends.intel import IntelBackend
+from plugin.model.allocation import (
     ENV_DEVICES,
     ENV_UNITS,
     AllocationError,
     allocate,
     preferred_allocation,
 )
-from plugin.backends.aws import AwsF1Backend
-from plugin.backends.fake_sysfs import CRASHED_AFU_ID, FakeNode
-from plugin.backends.intel import IntelBackend
-from plugin.model import DeviceSet
+from plugin.model.devices import DeviceSet
 
 
 def intel_devices(node: FakeNode) -> DeviceSet:

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from conftest import by_id
 
-from plugin.backends.aws import AwsF1Backend
-from plugin.backends.fake_sysfs import AMAZON_VENDOR, F1_16XLARGE_SLOTS, FakeNode
-from plugin.model import Health
+from plugin.discovery.backends.aws import AwsF1Backend
+from plugin.discovery.backends.fake_sysfs import AMAZON_VENDOR, F1_16XLARGE_SLOTS, FakeNode
+from plugin.model.devices import Health
 
 
 def scan(node: FakeNode) -> dict:

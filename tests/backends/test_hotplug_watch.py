@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
-from plugin.backends.fake_sysfs import FakeNode
-from plugin.backends.intel import IntelBackend
-from plugin.model import DeviceSet
-from plugin.monitor import DeviceMonitor
+from plugin.discovery.backends.fake_sysfs import FakeNode
+from plugin.discovery.backends.intel import IntelBackend
+from plugin.discovery.monitor import DeviceMonitor
+from plugin.model.devices import DeviceSet
 
 PATIENCE = 30.0
 NEVER = 3600.0

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import by_id
 
-from plugin.backends.fake_sysfs import (
+from plugin.discovery.backends.fake_sysfs import (
     CRASHED_AFU_ID,
     DEFAULT_AFU_ID,
     DEFAULT_INTERFACE_ID,
@@ -17,8 +17,8 @@ from plugin.backends.fake_sysfs import (
     FakeNode,
     build_broken_node,
 )
-from plugin.backends.intel import AFU_CRASHED, IntelBackend
-from plugin.model import DeviceNode, Health
+from plugin.discovery.backends.intel import AFU_CRASHED, IntelBackend
+from plugin.model.devices import DeviceNode, Health
 
 INTEL_IDS = {
     "0000:5e:00.0", "0000:3b:00.0", "0000:3b:00.0-port1", "0000:be:00.1", "0000:be:00.2",

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from plugin.backends import BACKEND_NAMES, BackendConfig, make_backend, uevent_subsystems
-from plugin.backends.fake_sysfs import F1_16XLARGE_SLOTS, FakeNode
-from plugin.config import BACKEND_CHOICES
+from plugin.cli.config import BACKEND_CHOICES
+from plugin.discovery.backends import BACKEND_NAMES, BackendConfig, make_backend, uevent_subsystems
+from plugin.discovery.backends.fake_sysfs import F1_16XLARGE_SLOTS, FakeNode
 
 
 def test_every_flag_choice_builds_a_backend(tmp_path: Path) -> None:
@@ -41,7 +41,7 @@ def test_auto_on_a_node_without_fpga_serves_nothing_and_says_so_once(
 ) -> None:
     node = FakeNode(tmp_path)
     backend = make_backend("auto", node.config())
-    with caplog.at_level(logging.INFO, logger="plugin.backends"):
+    with caplog.at_level(logging.INFO, logger="plugin.discovery.backends"):
         for _ in range(3):
             assert backend.scan() == []
         assert caplog.text.count("no Intel FPGA port, AWS FPGA slot or Alveo card found") == 1

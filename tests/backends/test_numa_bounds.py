@@ -14,12 +14,12 @@ from conftest import by_id
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from plugin.backends.aws import AwsF1Backend
-from plugin.backends.fake_sysfs import FakeNode
-from plugin.backends.intel import IntelBackend
-from plugin.backends.pcifn import numa_node
-from plugin.backends.sysfs import Attr
-from plugin.model import MAX_NUMA_NODES
+from plugin.discovery.backends.aws import AwsF1Backend
+from plugin.discovery.backends.fake_sysfs import FakeNode
+from plugin.discovery.backends.intel import IntelBackend
+from plugin.discovery.backends.pcifn import numa_node
+from plugin.discovery.backends.sysfs import Attr
+from plugin.model.devices import MAX_NUMA_NODES
 
 HUGE = "99999999999999999999"
 
@@ -77,7 +77,7 @@ def test_a_value_the_model_refuses_costs_that_port_only(
 ) -> None:
     """Were discovery ever to let an impossible NUMA node through, the model's own check
     must lose that one port, not the whole scan."""
-    import plugin.backends.pcifn as pcifn
+    import plugin.discovery.backends.pcifn as pcifn
 
     real = pcifn.numa_node
 

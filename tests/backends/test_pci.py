@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from plugin.backends.pci import PciAddress, canonical_bdf, parse_bdf
+from plugin.discovery.backends.pci import PciAddress, canonical_bdf, parse_bdf
 
 
 def test_canonical_form_is_full_lowercase_hex() -> None:

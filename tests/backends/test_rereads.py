@@ -6,8 +6,8 @@ import os
 import socket
 from pathlib import Path
 
-from plugin.backends import rereads
-from plugin.backends.rereads import KeptFiles
+from plugin.discovery.backends import rereads
+from plugin.discovery.backends.rereads import KeptFiles
 
 
 def open_fds() -> int:

@@ -137,7 +137,7 @@ def test_instruction_parser_joins_continuations_and_drops_comments():
 def test_build_context_holds_the_sources_and_nothing_else(image):
     files = set(image.context)
     for needed in ("pyproject.toml", "README.md", "build_support/backend.py",
-                   "protos/v1beta1/api.proto", "plugin/cli.py", "api_versions/wire.py"):
+                   "protos/v1beta1/api.proto", "plugin/cli/main.py", "api_versions/wire.py"):
         assert needed in files
     tops = {f.split("/")[0] for f in files}
     assert tops <= {"pyproject.toml", "MANIFEST.in", "README.md", "build_support", "protos",
@@ -157,8 +157,8 @@ def test_wheel_carries_descriptors_generated_from_protos(image):
             wheel.read(n).decode() for n in names if n.endswith(".dist-info/entry_points.txt"))
     for generation in ("v1alpha1", "v1alpha2", "v1beta1"):
         assert f"api_versions/_generated/{generation}.binpb" in names
-    assert "plugin/cli.py" in names
-    assert "accelerator-device-plugin = plugin.cli:main" in entry_points
+    assert "plugin/cli/main.py" in names
+    assert "accelerator-device-plugin = plugin.cli.main:main" in entry_points
     requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
     assert not any("grpcio-tools" in r or "grpcio_tools" in r for r in requires)
 

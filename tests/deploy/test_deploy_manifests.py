@@ -10,7 +10,7 @@ import pytest
 from deploy_support import KUSTOMIZATIONS, REPO, load_yaml_file, minor, quantity
 from k8s_schemas import SchemaSet, validate
 
-from plugin import config
+from plugin.cli import config
 
 FPGA_LABEL = "accelerators.b-com.com/fpga"
 PLUGIN_DIR = "/var/lib/kubelet/device-plugins"

@@ -23,8 +23,8 @@ from deploy_support import REPO
 TRIGGER = Path("/sys/devices/virtual/mem/null/uevent")
 LISTENER = """
 import asyncio, sys
-from plugin.monitor import LISTENING
-from plugin.uevents import kernel_uevents
+from plugin.discovery.monitor import LISTENING
+from plugin.discovery.uevents import kernel_uevents
 
 async def main():
     async for description in kernel_uevents(("mem",)):

@@ -1,0 +1,413 @@
+"""Command-line flags and their environment variables, parsed into one frozen settings value.
+
+Every flag of ``serve`` can also come from ``ACCELERATOR_DP_<FLAG>`` (dashes as underscores,
+upper case), because a DaemonSet is easier to tune through ``env`` than through ``args``.
+A flag on the command line wins over its variable. A bad flag or value exits 2 with one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+from api_versions.retry import RetryPolicy
+from plugin.model.resource_names import resource_name_problem
+from plugin.serving.cdi import DEFAULT_SPEC_DIR
+from plugin.serving.cdi import STRATEGIES as CDI_STRATEGIES
+from plugin.serving.deviceplugin.channels import DEFAULT_REGISTRY
+from plugin.serving.deviceplugin.channels import MODES as REGISTRATION_MODES
+
+ENV_PREFIX = "ACCELERATOR_DP_"
+DEFAULT_DIR = Path("/var/lib/kubelet/device-plugins")
+DEFAULT_RESOURCE = "b-com.com/accelerator"
+DEFAULT_SOCKET = "accelerator.sock"
+DEFAULT_GENERATIONS = ("v1beta1", "v1alpha2", "v1alpha1")
+BACKEND_CHOICES = ("auto", "intel", "aws", "alveo", "units", "none")
+RESOURCE_MODES = ("single", "afu")
+DEMO_NODES = ("intel", "mixed")
+
+
+@dataclass(frozen=True)
+class Settings:
+    command: str = "serve"
+    device_plugin_dir: Path = DEFAULT_DIR
+    resource_name: str = DEFAULT_RESOURCE
+    socket_name: str = DEFAULT_SOCKET
+    registration: str = "kubelet-socket"
+    plugins_registry_dir: Path = DEFAULT_REGISTRY
+    watcher_wait: float = 5.0
+    cdi: bool = False
+    cdi_spec_dir: Path = DEFAULT_SPEC_DIR
+    device_list_strategy: str = "both"
+    api_versions: tuple[str, ...] = DEFAULT_GENERATIONS
+    backend: str = "auto"
+    accel_nbunits: int = 40
+    sysfs_root: Path = Path("/sys")
+    dev_root: Path = Path("/dev")
+    resource_mode: str = "single"
+    resource_prefix: str = "b-com.com"
+    rescan_interval: float | None = None
+    """None: 30 s while every event source listens, 5 s while one cannot."""
+    health_interval: float = 0.5
+    scan_stall_timeout: float = 10.0
+    kubelet_check_interval: float = 5.0
+    heartbeat_file: Path | None = None
+    heartbeat_interval: float = 10.0
+    heartbeat_max_age: float = 60.0
+    metrics_port: int | None = None
+    metrics_address: str = "0.0.0.0"
+    log_level: str = "info"
+    log_format: str = "text"
+    json_output: bool = False
+    demo_node: str = "intel"
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a bad flag in one line and exits 2, as DaemonSet logs want."""
+
+    commands: dict[str, OneLineParser]
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+@dataclass(frozen=True)
+class _EnvProblem:
+    """An environment variable that did not convert, held until we know it matters.
+
+    Every subcommand's parser is built before the command line is read, so failing at build
+    time blamed the wrong subcommand (``serve: error`` for a ``discover`` run) and let a
+    variable only ``serve`` reads break ``healthcheck``. The problem is reported by the
+    subcommand that runs, and only if its flag was not given on the command line.
+    """
+
+    message: str
+
+
+@dataclass(frozen=True)
+class Seconds:
+    """A duration flag's converter: a finite number of seconds within ``[low, high]``.
+
+    ``nan`` and ``inf`` parse as floats but make no duration (``--register-timeout nan``
+    never registered), and an interval of a nanosecond turns a re-read into a busy loop, so
+    every duration is finite and bounded; the bounds are shown in each flag's help.
+    """
+
+    low: float
+    high: float
+
+    def __call__(self, text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of seconds")
+        if not self.low <= value <= self.high:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} must be between {self.low:g} and {self.high:g} seconds")
+        return value
+
+    def describe(self) -> str:
+        return f"{self.low:g} to {self.high:g}"
+
+
+INTERVAL = Seconds(0.1, 3600)
+HEALTH_INTERVAL = Seconds(0.05, 60)
+TIMEOUT = Seconds(0.1, 300)
+BACKOFF = Seconds(0.01, 300)
+MAX_AGE = Seconds(1, 86400)
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 0 <= value <= 4096:
+        raise argparse.ArgumentTypeError(f"{text!r} must be between 0 and 4096")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} must be between 1 and 65535")
+    return value
+
+
+def _generations(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in DEFAULT_GENERATIONS]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected a comma-separated list of {', '.join(DEFAULT_GENERATIONS)}"
+        )
+    if len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"{text!r} names a generation twice")
+    return names
+
+
+def _socket_name(text: str) -> str:
+    if not text or "/" in text or text in (".", "..") or text == "kubelet.sock":
+        raise argparse.ArgumentTypeError(
+            f"{text!r} must be a plain file name other than kubelet.sock"
+        )
+    return text
+
+
+def _resource_name(text: str) -> str:
+    problem = resource_name_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
+def _resource_prefix(text: str) -> str:
+    from plugin.model.resources import prefix_problem
+
+    problem = prefix_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
+def _env(flag: str) -> str:
+    return ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper()
+
+
+class _EnvDefaults:
+    """Adds options whose defaults come from the environment, converted like the flag."""
+
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        self.parser = parser
+
+    def add(
+        self,
+        *flags: str,
+        default: Any,
+        convert: Callable[[str], Any] = str,
+        help: str,
+        **kwargs: Any,
+    ) -> None:
+        variable = _env(flags[0])
+        raw = os.environ.get(variable)
+        if raw is not None:
+            try:
+                default = convert(raw)
+            except (argparse.ArgumentTypeError, ValueError) as exc:
+                default = _EnvProblem(f"environment variable {variable}: {exc}")
+            else:
+                if "choices" in kwargs and default not in kwargs["choices"]:
+                    default = _EnvProblem(
+                        f"environment variable {variable}: {raw!r} is not one of "
+                        f"{', '.join(kwargs['choices'])}")
+        self.parser.add_argument(
+            *flags, default=default, type=convert, help=f"{help} [env {variable}]", **kwargs
+        )
+
+
+def _bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
+
+
+def _add_node_flags(parser: argparse.ArgumentParser) -> None:
+    env = _EnvDefaults(parser)
+    env.add("--backend", default="auto", choices=BACKEND_CHOICES,
+            help="device discovery backend; auto picks what the node has")
+    env.add("--accel-nbunits", "-accel-nbunits", default=40, convert=_count,
+            help="number of AWS units 0..N-1 served by the units backend")
+    env.add("--sysfs-root", default=Path("/sys"), convert=Path, help="root of sysfs")
+    env.add("--dev-root", default=Path("/dev"), convert=Path, help="root of device nodes")
+    env.add("--resource-mode", default="single", choices=RESOURCE_MODES,
+            help="single: one resource; afu: one resource per loaded function (Intel AFU "
+                 "ID, Alveo shell)")
+    env.add("--resource-prefix", default="b-com.com", convert=_resource_prefix,
+            help="domain of the per-function resource names in afu mode")
+    env.add("--resource-name", default=DEFAULT_RESOURCE, convert=_resource_name,
+            help="extended resource name advertised in single mode")
+
+
+def _add_common_flags(parser: argparse.ArgumentParser) -> None:
+    env = _EnvDefaults(parser)
+    env.add("--log-level", default="info", choices=("debug", "info", "warning", "error"),
+            help="log verbosity")
+    env.add("--log-format", default="text", choices=("text", "json"), help="log line format")
+
+
+def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
+    env = _EnvDefaults(parser)
+    env.add("--device-plugin-dir", default=DEFAULT_DIR, convert=Path,
+            help="kubelet device-plugin directory (holds kubelet.sock)")
+    env.add("--socket-name", default=DEFAULT_SOCKET, convert=_socket_name,
+            help="file name of this plugin's socket in that directory")
+    env.add("--api-versions", default=DEFAULT_GENERATIONS, convert=_generations,
+            help="generations to try, in this order (default newest first)")
+    env.add("--registration", default="kubelet-socket", choices=REGISTRATION_MODES,
+            help="kubelet-socket: call Register on kubelet.sock (every kubelet); "
+                 "plugin-watcher: a socket in --plugins-registry-dir that the kubelet finds "
+                 "(1.13+, v1beta1 only); auto: the watcher where the kubelet takes it, "
+                 "kubelet.sock otherwise, decided anew for each kubelet")
+    env.add("--plugins-registry-dir", default=DEFAULT_REGISTRY, convert=Path,
+            help="the kubelet's plugin-watcher directory")
+    env.add("--cdi", default=False, convert=_bool, nargs="?", const=True,
+            help="write a CDI spec per resource and name allocated devices in cdi_devices "
+                 "(kubelets 1.28+); needs a runtime with CDI enabled (containerd 1.7+, "
+                 "CRI-O 1.23+), so off unless asked")
+    env.add("--cdi-spec-dir", default=DEFAULT_SPEC_DIR, convert=Path,
+            help="where the CDI specs go (a directory the container runtime reads)")
+    env.add("--device-list-strategy", default="both", choices=CDI_STRATEGIES,
+            help="with --cdi, what Allocate names devices with: both (DeviceSpecs too, for "
+                 "kubelets before 1.28), cdi (CDI names only) or device-specs")
+    env.add("--watcher-wait", default=5.0, convert=TIMEOUT,
+            help="seconds auto waits for a kubelet to register the watcher socket before "
+                 f"registering through kubelet.sock ({TIMEOUT.describe()})")
+    env.add("--rescan-interval", default=None, convert=INTERVAL,
+            help="seconds between safety-net rescans of sysfs; by default 30 while kernel "
+                 "uevents and inotify are received, 5 while they cannot be "
+                 f"({INTERVAL.describe()})")
+    env.add("--health-interval", default=0.5, convert=HEALTH_INTERVAL,
+            help="seconds between re-reads of the files that decide health (AFU ID, errors; "
+            f"{HEALTH_INTERVAL.describe()})")
+    env.add("--scan-stall-timeout", default=10.0, convert=INTERVAL,
+            help="seconds a sysfs scan or re-read may hang before every device is reported "
+            f"Unhealthy until scans complete again ({INTERVAL.describe()})")
+    env.add("--kubelet-check-interval", default=5.0, convert=INTERVAL,
+            help="seconds between safety-net checks for a restarted kubelet "
+            f"({INTERVAL.describe()})")
+    env.add("--register-timeout", default=15.0, convert=TIMEOUT,
+            help="deadline of one Register call (recent kubelets dial back within it; "
+            f"{TIMEOUT.describe()})")
+    env.add("--retry-attempts", default=5, convert=_count,
+            help="tries of one generation on transient failures before backing off")
+    env.add("--retry-max-backoff", default=2.0, convert=BACKOFF,
+            help=f"longest wait between two such tries, in seconds ({BACKOFF.describe()})")
+    env.add("--heartbeat-file", default=None, convert=Path,
+            help="file touched after each successful self-check (for the liveness probe)")
+    env.add("--heartbeat-interval", default=10.0, convert=INTERVAL,
+            help=f"seconds between self-checks ({INTERVAL.describe()})")
+    env.add("--metrics-port", default=None, convert=_port,
+            help="serve Prometheus metrics on this port (off by default)")
+    env.add("--metrics-address", default="0.0.0.0", help="address for the metrics port")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(
+        prog="accelerator-device-plugin",
+        description="Kubernetes device plugin for FPGA accelerators, for every kubelet API "
+        "generation (v1alpha1, v1alpha2, v1beta1).",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+
+    serve = commands.add_parser("serve", help="register with the kubelet and serve devices")
+    _add_node_flags(serve)
+    _add_serve_flags(serve)
+    _add_common_flags(serve)
+
+    discover = commands.add_parser("discover", help="print the devices that would be served")
+    _add_node_flags(discover)
+    _add_common_flags(discover)
+    discover.add_argument("--json", dest="json_output", action="store_true",
+                          help="print JSON instead of a table")
+
+    demo = commands.add_parser("demo", help="simulated node: emulated kubelet + built-in devices")
+    _add_common_flags(demo)
+    demo.add_argument("--node", dest="demo_node", choices=DEMO_NODES, default="intel",
+                      help="intel: Intel cards, served by the intel backend; mixed: Intel, "
+                           "AWS and Alveo cards together, served by the auto backend")
+
+    health = commands.add_parser("healthcheck", help="exit 0 if the heartbeat file is fresh")
+    env = _EnvDefaults(health)
+    env.add("--heartbeat-file", default=None, convert=Path, help="file written by serve")
+    env.add("--heartbeat-max-age", default=60.0, convert=MAX_AGE,
+            help=f"oldest acceptable heartbeat, in seconds ({MAX_AGE.describe()})")
+    parser.commands = {"serve": serve, "discover": discover, "demo": demo,
+                       "healthcheck": health}
+    return parser
+
+
+def parse(argv: Sequence[str] | None = None) -> Settings:
+    """Parse ``argv`` (default ``sys.argv[1:]``); exit 2 with one line on any mistake."""
+    parser = build_parser()
+    ns = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    command = parser.commands[ns.command]
+    for value in vars(ns).values():
+        if isinstance(value, _EnvProblem):
+            command.error(value.message)
+    values = {k: v for k, v in vars(ns).items() if k in Settings.__dataclass_fields__}
+    default = RetryPolicy()
+    retry = RetryPolicy(
+        attempts=max(1, getattr(ns, "retry_attempts", default.attempts)),
+        max_backoff=getattr(ns, "retry_max_backoff", default.max_backoff),
+        register_timeout=getattr(ns, "register_timeout", default.register_timeout),
+    )
+    if ns.command == "healthcheck" and ns.heartbeat_file is None:
+        command.error("needs --heartbeat-file (or ACCELERATOR_DP_HEARTBEAT_FILE)")
+    settings = Settings(retry=retry, **values)
+    problem = settings_problem(settings)
+    if problem:
+        command.error(problem)
+    return settings
+
+
+AFU_BACKENDS = ("auto", "intel", "alveo")
+"""Backends whose devices say what is loaded on them (an Intel AFU ID, an Alveo shell),
+which ``--resource-mode afu`` groups by."""
+
+
+def settings_problem(settings: Settings) -> str | None:
+    """What makes a combination of flags unusable, in one line; None when it is fine."""
+    if settings.command not in ("serve", "discover"):
+        return None
+    if settings.resource_mode == "afu" and settings.backend not in AFU_BACKENDS:
+        return (f"--resource-mode afu groups devices by what is loaded on them (AFU ID, "
+                f"shell), which the {settings.backend} backend does not read; use --backend "
+                f"{', '.join(AFU_BACKENDS)}, or --resource-mode single")
+    if settings.command == "serve" and settings.device_list_strategy == "cdi" and \
+            not settings.cdi:
+        return "--device-list-strategy cdi needs --cdi (devices would be named nowhere)"
+    if settings.command == "serve" and settings.registration == "plugin-watcher" and \
+            "v1beta1" not in settings.api_versions:
+        return ("--registration plugin-watcher registers v1beta1 only; add it to "
+                "--api-versions or use --registration kubelet-socket or auto")
+    if settings.command == "serve":
+        return socket_path_problem(settings)
+    return None
+
+
+def socket_path_problem(settings: Settings) -> str | None:
+    """A socket path longer than a unix socket address can hold cannot even be bound."""
+    from plugin.model.resources import longest_socket_name
+
+    name = longest_socket_name(settings.socket_name, settings.resource_mode,
+                               settings.resource_prefix)
+    directory = settings.device_plugin_dir
+    if settings.registration != "kubelet-socket" and len(str(
+            settings.plugins_registry_dir.absolute())) > len(str(directory.absolute())):
+        directory = settings.plugins_registry_dir
+    path = str((directory / name).absolute())
+    length = len(path.encode())
+    if length <= MAX_SOCKET_PATH:
+        return None
+    which = "the socket path" if name == settings.socket_name else "the longest socket path"
+    return (f"{which} {path} is {length} bytes; a unix socket path can have at most "
+            f"{MAX_SOCKET_PATH}: shorten the directory or --socket-name")
+
+
+MAX_SOCKET_PATH = 107
+"""``sun_path`` holds 108 bytes on Linux, one of them the terminating NUL."""

@@ -1,0 +1,81 @@
+"""What ``discover`` prints: the devices this node would serve, and why any is unhealthy.
+
+The first thing an operator runs on a node where pods do not get their FPGA, so every
+column answers a support question: which ID the kubelet sees, which driver found it, which
+node the container gets, where it sits (NUMA), what is loaded (an Intel port's AFU ID, an
+Alveo card's shell, an AWS slot's application function IDs) and what is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from plugin.model.devices import Device
+
+COLUMNS = ("ID", "BACKEND", "DRIVER", "NODE", "NUMA", "LOADED", "HEALTH", "WHY")
+NONE = "-"
+
+
+def render_table(devices: Sequence[Device]) -> str:
+    """Aligned columns, one line per device; a line saying so when there are none."""
+    rows = [_cells(d) for d in devices]
+    widths = [max(len(r[i]) for r in [COLUMNS, *rows]) for i in range(len(COLUMNS))]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
+
+    lines = [line(COLUMNS), *(line(r) for r in rows)]
+    if not rows:
+        lines.append("(no accelerators found)")
+    return "\n".join(lines)
+
+
+def render_json(devices: Sequence[Device]) -> str:
+    """A JSON array, one object per device, with every attribute discovery kept."""
+    return json.dumps([_record(d) for d in devices], indent=2)
+
+
+def _cells(device: Device) -> tuple[str, ...]:
+    return (
+        device.id,
+        device.backend,
+        device.attribute("driver") or NONE,
+        ",".join(n.host_path for n in device.nodes) or NONE,
+        NONE if device.numa_node is None else str(device.numa_node),
+        loaded(device) or NONE,
+        device.health.value,
+        device.health_reason or NONE,
+    )
+
+
+def loaded(device: Device) -> str:
+    """What runs on the device, in the words of its family."""
+    if device.attribute("afu_id"):
+        return f"afu {device.attribute('afu_id')}"
+    if device.attribute("shell"):
+        timestamp = device.attribute("shell_timestamp")
+        return f"shell {device.attribute('shell')}" + (f" ({timestamp})" if timestamp else "")
+    if device.attribute("platform") and device.attribute("device"):
+        return (f"{device.attribute('platform')} image "
+                f"{device.attribute('vendor')}:{device.attribute('device')}")
+    return ""
+
+
+def _record(device: Device) -> dict[str, object]:
+    return {
+        "id": device.id,
+        "backend": device.backend,
+        "driver": device.attribute("driver") or None,
+        "nodes": [
+            {"host_path": n.host_path, "container_path": n.container_path,
+             "permissions": n.permissions}
+            for n in device.nodes
+        ],
+        "numa_node": device.numa_node,
+        "afu_id": device.attribute("afu_id") or None,
+        "shell": device.attribute("shell") or None,
+        "health": device.health.value,
+        "health_reason": device.health_reason or None,
+        "attributes": device.attrs,
+    }

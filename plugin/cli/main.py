@@ -1,0 +1,97 @@
+"""``accelerator-device-plugin serve|discover|demo|healthcheck``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from plugin.cli.config import Settings, parse
+from plugin.discovery.backends import BackendConfig, make_backend, missing_roots
+from plugin.discovery.backends.base import Backend
+from plugin.process.logs import configure
+
+log = logging.getLogger(__name__)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    # gRPC's core library logs to stderr in its own plain-text format (for example "Got
+    # goaway" when a kubelet goes away mid-call), which breaks --log-format json; our own
+    # logs already say what matters. Set before gRPC is first imported; an operator's value
+    # wins.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    settings = parse(argv)
+    configure(settings.log_level, settings.log_format)
+    try:
+        code = _COMMANDS[settings.command](settings)
+        sys.stdout.flush()
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return _reader_went_away()
+    return code
+
+
+def _reader_went_away() -> int:
+    """``discover | head -1``: the reader closed the pipe; stop quietly, as ``cat`` would.
+
+    Python's own recipe: point stdout at /dev/null so the flush at exit cannot raise
+    again, and exit with the status a process killed by SIGPIPE reports (128 + 13).
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 141
+
+
+def _backend(settings: Settings) -> Backend:
+    config = BackendConfig(
+        sysfs_root=settings.sysfs_root, dev_root=settings.dev_root,
+        nb_units=settings.accel_nbunits,
+    )
+    for problem in missing_roots(settings.backend, config):
+        log.warning("%s", problem)
+    try:
+        return make_backend(settings.backend, config)
+    except ValueError as exc:
+        print(f"accelerator-device-plugin: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def serve(settings: Settings) -> int:
+    from plugin.discovery.triggers import triggers_for
+    from plugin.process.daemon import Daemon
+
+    backend = _backend(settings)
+    daemon = Daemon(settings, backend, triggers=triggers_for(backend), owns_process=True)
+    return asyncio.run(daemon.run())
+
+
+def discover(settings: Settings) -> int:
+    from plugin.cli.discover import render_json, render_table
+    from plugin.discovery.monitor import DeviceMonitor
+
+    backend = _backend(settings)
+    devices = list(asyncio.run(DeviceMonitor(backend, rescan_interval=1.0).scan()))
+    print(render_json(devices) if settings.json_output else render_table(devices))
+    return 0
+
+
+def demo(settings: Settings) -> int:
+    from plugin.cli.demo import run_demo
+
+    return asyncio.run(run_demo(settings.demo_node))
+
+
+def healthcheck(settings: Settings) -> int:
+    from plugin.process.daemon import heartbeat_fresh
+
+    assert settings.heartbeat_file is not None
+    ok, reason = heartbeat_fresh(settings.heartbeat_file, settings.heartbeat_max_age)
+    print(reason)
+    return 0 if ok else 1
+
+
+_COMMANDS = {"serve": serve, "discover": discover, "demo": demo, "healthcheck": healthcheck}

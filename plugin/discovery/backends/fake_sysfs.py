@@ -1,0 +1,439 @@
+"""Fake sysfs and /dev trees, laid out like the kernel and udev lay them out, under any directory.
+
+Tests and the demo need nodes with cards, virtual functions, NUMA nodes, F1 and F2 instances and
+broken hardware, without root and without ``mknod``. The trees follow the real layouts
+closely (relative symlinks from ``class/`` and ``bus/pci/devices`` into ``devices/``, a
+``device`` link from each card to its PCI function, ``physfn``/``virtfnN`` links for SR-IOV),
+so the backends run the same code on them as on a real node.
+
+Device nodes are empty regular files ``<dev-root>/<name>`` plus the udev-style link
+``<dev-root>/char/MAJ:MIN -> ../<name>``; see :mod:`plugin.discovery.backends.devnodes` for how they
+are resolved. Mutation helpers change a tree the way the kernel and udev would (removing a
+port removes its node too), so the plugin's watchers see the same kind of events.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from plugin.discovery.backends.base import BackendConfig
+from plugin.discovery.backends.pci import PciAddress, parse_bdf
+
+DEFAULT_AFU_ID = "d8424dc4a4a3c413f89e433683f9040b"
+OTHER_AFU_ID = "9e1f4ab2c6d3487a8b0e5f1a2c3d4e5f"
+CRASHED_AFU_ID = "f" * 32
+DEFAULT_INTERFACE_ID = "3a00972ec9bf4b2a8e3c1c5e5a6f0d11"
+INTEL_VENDOR = "0x8086"
+FPGA_CLASS = "0x120000"
+AMAZON_VENDOR = "0x1d0f"
+F1_CLEARED = "0x1042"
+F1_MANAGEMENT = "0x1041"
+F2_CLEARED = "0x9048"
+F2_MANAGEMENT = "0x9248"
+MAJORS = {"intel-fpga": 240, "dfl": 508}
+
+
+@dataclass
+class FakePort:
+    name: str
+    driver: str
+    bdf: str
+    path: Path
+    dev: str
+
+
+@dataclass
+class FakeCard:
+    driver: str
+    bdf: str
+    path: Path
+    class_link: Path
+    ports: list[str] = field(default_factory=list)
+
+
+class FakeNode:
+    """A node's ``sys`` and ``dev`` trees under ``root``; see the module docstring."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.sysfs_root = self.root / "sys"
+        self.dev_root = self.root / "dev"
+        for path in (self.sysfs_root / "devices", self.sysfs_root / "bus" / "pci" / "devices",
+                     self.sysfs_root / "class" / "fpga", self.sysfs_root / "class" / "fpga_region",
+                     self.dev_root / "char"):
+            path.mkdir(parents=True, exist_ok=True)
+        self.ports: dict[str, FakePort] = {}
+        self.cards: dict[str, FakeCard] = {}
+        self.slots: list[tuple[str, str]] = []
+        self._next = {"intel-fpga-dev": 0, "intel-fpga-fme": 0, "intel-fpga-port": 0,
+                      "region": 0, "dfl-fme": 0, "dfl-port": 0}
+        self._minor = {"intel-fpga": 0, "dfl": 0}
+
+    def config(self, nb_units: int = 40) -> BackendConfig:
+        return BackendConfig(sysfs_root=self.sysfs_root, dev_root=self.dev_root,
+                             nb_units=nb_units)
+
+    # PCI functions ----------------------------------------------------------------------
+
+    def function_path(self, bdf: str) -> Path:
+        address = _address(bdf)
+        return self.sysfs_root / "devices" / f"pci{address.domain:04x}:{address.bus:02x}" / str(
+            address)
+
+    def add_function(self, bdf: str, vendor: str, device: str, numa_node: int = -1,
+                     pci_class: str = FPGA_CLASS, physfn: str | None = None,
+                     subsystem_device: str | None = None) -> Path:
+        """A PCI function directory, listed in ``bus/pci/devices`` like the kernel does."""
+        path = self.function_path(bdf)
+        path.mkdir(parents=True, exist_ok=True)
+        for name, value in (("vendor", vendor), ("device", device), ("class", pci_class),
+                            ("numa_node", str(numa_node))):
+            _write(path / name, value)
+        if subsystem_device is not None:
+            _write(path / "subsystem_vendor", vendor)
+            _write(path / "subsystem_device", subsystem_device)
+        _link(self.sysfs_root / "bus" / "pci" / "devices" / str(_address(bdf)), path)
+        if physfn is not None:
+            parent = self.function_path(physfn)
+            _link(path / "physfn", parent)
+            index = len([p for p in parent.iterdir() if p.name.startswith("virtfn")])
+            _link(parent / f"virtfn{index}", path)
+        return path
+
+    def remove_function(self, bdf: str) -> None:
+        canonical = str(_address(bdf))
+        (self.sysfs_root / "bus" / "pci" / "devices" / canonical).unlink(missing_ok=True)
+        shutil.rmtree(self.function_path(bdf), ignore_errors=True)
+
+    # Intel cards ------------------------------------------------------------------------
+
+    def add_opae_card(self, bdf: str, *, ports: int = 1, vfs: int = 0, numa_node: int = 0,
+                      device: str = "0x09c4", vf_device: str = "0x09c5",
+                      afu_id: str = DEFAULT_AFU_ID,
+                      interface_id: str = DEFAULT_INTERFACE_ID) -> list[str]:
+        """An OPAE card; with ``vfs`` its ports move to that many virtual functions."""
+        return self._add_card("intel-fpga", bdf, ports, vfs, numa_node, device, vf_device,
+                              afu_id, interface_id)
+
+    def add_dfl_card(self, bdf: str, *, ports: int = 1, vfs: int = 0, numa_node: int = 0,
+                     device: str = "0x0b2b", vf_device: str = "0x0b2c",
+                     subsystem_device: str | None = None, afu_id: str = DEFAULT_AFU_ID,
+                     interface_id: str = DEFAULT_INTERFACE_ID) -> list[str]:
+        """A card driven by upstream DFL (a PAC D5005 unless IDs say otherwise: an Agilex
+        N6001 is ``device="0xbcce", vf_device="0xbccf", subsystem_device="0x1771"``);
+        ``vfs`` works as for :meth:`add_opae_card`."""
+        return self._add_card("dfl", bdf, ports, vfs, numa_node, device, vf_device,
+                              afu_id, interface_id, subsystem_device)
+
+    def _add_card(self, driver: str, bdf: str, ports: int, vfs: int, numa_node: int,
+                  device: str, vf_device: str, afu_id: str, interface_id: str,
+                  subsystem_device: str | None = None) -> list[str]:
+        canonical = str(_address(bdf))
+        self.add_function(canonical, INTEL_VENDOR, device, numa_node,
+                          subsystem_device=subsystem_device)
+        self._card(driver, canonical, interface_id)
+        names: list[str] = []
+        if vfs == 0:
+            names += [self.add_port(canonical, afu_id=afu_id) for _ in range(ports)]
+        pf = _address(canonical)
+        for index in range(vfs):
+            vf = str(PciAddress(pf.domain, pf.bus, pf.device, index + 1))
+            self.add_function(vf, INTEL_VENDOR, vf_device, numa_node, physfn=canonical,
+                              subsystem_device=subsystem_device)
+            self._card(driver, vf, None)
+            names.append(self.add_port(vf, afu_id=afu_id, port_id=index))
+        return names
+
+    def _card(self, driver: str, bdf: str, interface_id: str | None) -> FakeCard:
+        function = self.function_path(bdf)
+        if driver == "intel-fpga":
+            name = self._take("intel-fpga-dev", "intel-fpga-dev.{}")
+            path = function / "fpga" / name
+            path.mkdir(parents=True)
+            if interface_id is not None:
+                fme = path / self._take("intel-fpga-fme", "intel-fpga-fme.{}")
+                _write(fme / "pr" / "interface_id", interface_id)
+            class_link = self.sysfs_root / "class" / "fpga" / name
+        else:
+            name = self._take("region", "region{}")
+            path = function / "fpga_region" / name
+            path.mkdir(parents=True)
+            if interface_id is not None:
+                fme_name = self._take("dfl-fme", "dfl-fme.{}")
+                fme_region = path / fme_name / f"dfl-fme-region.{fme_name.split('.')[1]}"
+                pr_name = self._take("region", "region{}")
+                pr = fme_region / "fpga_region" / pr_name
+                _write(pr / "compat_id", interface_id)
+                _link(pr / "device", fme_region)
+                _link(self.sysfs_root / "class" / "fpga_region" / pr_name, pr)
+            class_link = self.sysfs_root / "class" / "fpga_region" / name
+        _link(class_link, path)
+        _link(path / "device", function)
+        card = FakeCard(driver, bdf, path, class_link)
+        self.cards[bdf] = card
+        return card
+
+    def add_port(self, bdf: str, *, afu_id: str = DEFAULT_AFU_ID,
+                 port_id: int | None = None) -> str:
+        """A new port on the card of function ``bdf``, with its device node; returns its name."""
+        card = self.cards[str(_address(bdf))]
+        prefix = "intel-fpga-port" if card.driver == "intel-fpga" else "dfl-port"
+        name = self._take(prefix, prefix + ".{}")
+        if port_id is None:
+            used = [int((self.ports[p].path / "id").read_text()) for p in card.ports]
+            port_id = max(used, default=-1) + 1
+        path = card.path / name
+        minor = self._minor[card.driver]
+        self._minor[card.driver] += 1
+        dev = f"{MAJORS[card.driver]}:{minor}"
+        _write(path / "afu_id", afu_id)
+        _write(path / "dev", dev)
+        _write(path / "id", str(port_id))
+        _write(path / "errors" / "errors", "0x0")
+        self.ports[name] = FakePort(name, card.driver, card.bdf, path, dev)
+        card.ports.append(name)
+        self.restore_device_node(name)
+        return name
+
+    def remove_port(self, name: str) -> None:
+        """The port and its device node disappear, as on driver unbind or card removal."""
+        port = self.ports.pop(name)
+        self.cards[port.bdf].ports.remove(name)
+        self.delete_device_node(name)
+        shutil.rmtree(port.path)
+
+    def port_path(self, name: str) -> Path:
+        return self.ports[name].path
+
+    def port_class_path(self, name: str) -> Path:
+        """The port as reached from ``class/``, the spelling discovery's messages use."""
+        port = self.ports[name]
+        return self.cards[port.bdf].class_link / name
+
+    def set_afu_id(self, name: str, afu_id: str) -> None:
+        _write(self.ports[name].path / "afu_id", afu_id)
+
+    def set_port_error(self, name: str, value: int | str) -> None:
+        text = f"{value:#x}" if isinstance(value, int) else value
+        _write(self.ports[name].path / "errors" / "errors", text)
+
+    def delete_device_node(self, name: str) -> None:
+        port = self.ports.get(name)
+        (self.dev_root / name).unlink(missing_ok=True)
+        if port is not None:
+            (self.dev_root / "char" / port.dev).unlink(missing_ok=True)
+
+    def restore_device_node(self, name: str) -> None:
+        port = self.ports[name]
+        _write(self.dev_root / name, "")
+        _link(self.dev_root / "char" / port.dev, self.dev_root / name)
+
+    # AWS F1 -----------------------------------------------------------------------------
+
+    def add_slot(self, app_bdf: str, *, numa_node: int = 0,
+                 app_device: str = F1_CLEARED) -> int:
+        """An F1 slot: the application function and its management function at device + 1."""
+        app = _address(app_bdf)
+        management = app.with_device(app.device + 1)
+        if management is None:
+            raise ValueError(f"{app_bdf}: no room for the management function after it")
+        self.add_function(str(app), AMAZON_VENDOR, app_device, numa_node, pci_class="0x058000")
+        self.add_function(str(management), AMAZON_VENDOR, F1_MANAGEMENT, numa_node,
+                          pci_class="0x058000")
+        self.slots.append((str(app), str(management)))
+        return len(self.slots) - 1
+
+    def remove_slot(self, app_bdf: str) -> None:
+        """Both functions of the slot disappear (instance resized, device unplugged)."""
+        for pair in list(self.slots):
+            if pair[0] == str(_address(app_bdf)):
+                self.slots.remove(pair)
+                for bdf in pair:
+                    self.remove_function(bdf)
+
+    def remove_application_function(self, app_bdf: str) -> None:
+        """Only the application function goes, as while an image is being loaded."""
+        self.remove_function(app_bdf)
+
+    # AWS F2 -----------------------------------------------------------------------------
+
+    def add_f2_slot(self, app_bdf: str, *, numa_node: int = 0, app_vendor: str = AMAZON_VENDOR,
+                    app_device: str = F2_CLEARED, mgmt_function: int = 1, bar: bool = True,
+                    subsystem_vendor: str | None = None,
+                    subsystem_device: str | None = None) -> int:
+        """An F2 slot: the application function at function 0 and its management ("mailbox")
+        function ``0x1d0f:0x9248`` at ``mgmt_function`` of the same device, as aws-fpga's
+        ``fpga_pci_mbox2app()`` pairs them (its README shows app ``0000:34:00.0`` with
+        management ``0000:34:00.1``).
+
+        Both get a ``resource0`` file (BAR0: the application's OCL window, the management
+        function's mailbox) unless ``bar`` is False for the application. The PCI class is
+        the one :meth:`add_slot` uses for F1 (``0x058000``): F2's own class was not
+        established. Subsystem IDs are written only when given: those of a cleared F2 slot
+        were not established either, and the fake does not make them up.
+        """
+        app = _address(app_bdf)
+        if app.function != 0:
+            raise ValueError(f"{app_bdf}: an F2 application function is function 0")
+        if not 1 <= mgmt_function <= 7:
+            raise ValueError(f"management function {mgmt_function} is not 1..7")
+        management = PciAddress(app.domain, app.bus, app.device, mgmt_function)
+        self._add_f2_application(str(app), app_vendor, app_device, numa_node, bar,
+                                 subsystem_vendor, subsystem_device)
+        path = self.add_function(str(management), AMAZON_VENDOR, F2_MANAGEMENT, numa_node,
+                                 pci_class="0x058000")
+        _write(path / "resource0", "")
+        self.slots.append((str(app), str(management)))
+        return len(self.slots) - 1
+
+    def load_afi(self, app_bdf: str, vendor: str, device: str, *,
+                 subsystem_vendor: str | None = None,
+                 subsystem_device: str | None = None) -> None:
+        """The application function re-appears with an image's own IDs, as after an F2 load
+        (AWS_Shell_Interface_Specification.md: the image sets the application function's
+        vendor, device and subsystem IDs). Works whether the function is there or away;
+        NUMA node and BAR0 are kept from the slot as it was."""
+        app = str(_address(app_bdf))
+        management = next(m for a, m in self.slots if a == app)
+        numa = (self.function_path(management) / "numa_node").read_text().strip()
+        current = self.function_path(app)
+        bar = (current / "resource0").exists() or not current.exists()
+        self.remove_function(app)
+        self._add_f2_application(app, vendor, device, int(numa), bar, subsystem_vendor,
+                                 subsystem_device)
+
+    def _add_f2_application(self, app: str, vendor: str, device: str, numa_node: int,
+                            bar: bool, subsystem_vendor: str | None,
+                            subsystem_device: str | None) -> Path:
+        path = self.add_function(app, vendor, device, numa_node, pci_class="0x058000")
+        if bar:
+            _write(path / "resource0", "")
+        for name, value in (("subsystem_vendor", subsystem_vendor),
+                            ("subsystem_device", subsystem_device)):
+            if value is not None:
+                _write(path / name, value)
+        return path
+
+    def _take(self, counter: str, pattern: str) -> str:
+        number = self._next[counter]
+        self._next[counter] += 1
+        return pattern.format(number)
+
+
+# Ready-made nodes ---------------------------------------------------------------------------
+
+F1_16XLARGE_SLOTS = tuple(f"0000:00:{0x0f + 2 * i:02x}.0" for i in range(8))
+
+
+def build_intel_node(root: Path) -> FakeNode:
+    """Six ports on NUMA nodes 0 and 1, both drivers, SR-IOV and a two-port function.
+
+    ``0000:5e:00.0`` OPAE, NUMA 0; ``0000:3b:00.0`` DFL with two ports (IDs ``0000:3b:00.0``
+    and ``0000:3b:00.0-port1``), NUMA 0; ``0000:be:00.1`` and ``0000:be:00.2`` virtual
+    functions of an OPAE card, NUMA 1; ``0000:d8:00.0`` DFL with another AFU, NUMA 1.
+    """
+    node = FakeNode(root)
+    node.add_opae_card("0000:5e:00.0", numa_node=0)
+    node.add_dfl_card("0000:3b:00.0", ports=2, numa_node=0)
+    node.add_opae_card("0000:be:00.0", vfs=2, numa_node=1)
+    node.add_dfl_card("0000:d8:00.0", numa_node=1, afu_id=OTHER_AFU_ID)
+    return node
+
+
+def _amazon_instance(root: Path) -> FakeNode:
+    """A node with the network (ENA) and NVMe functions every AWS instance has, which share
+    Amazon's vendor ID with the FPGA slots."""
+    node = FakeNode(root)
+    node.add_function("0000:00:03.0", AMAZON_VENDOR, "0xec20", 0, pci_class="0x020000")
+    node.add_function("0000:00:04.0", AMAZON_VENDOR, "0x8061", 0, pci_class="0x010802")
+    return node
+
+
+def build_f1_16xlarge(root: Path) -> FakeNode:
+    """Eight F1 slots (0-3 on NUMA 0, 4-7 on NUMA 1) among Amazon's network and disk functions."""
+    node = _amazon_instance(root)
+    for index, bdf in enumerate(F1_16XLARGE_SLOTS):
+        node.add_slot(bdf, numa_node=0 if index < 4 else 1)
+    return node
+
+
+F2_48XLARGE_SLOTS = tuple(f"0000:{bus:02x}:00.0" for bus in (0x34, 0x35, 0x36, 0x37,
+                                                             0xb4, 0xb5, 0xb6, 0xb7))
+"""Illustrative addresses, one FPGA per bus as in aws-fpga's README example (``0000:34:00.0``);
+the real f2.48xlarge addresses were not established."""
+
+
+def build_f2_48xlarge(root: Path) -> FakeNode:
+    """Eight F2 slots (0-3 on NUMA 0, 4-7 on NUMA 1) among Amazon's network and disk functions.
+
+    Each slot is a cleared application function at ``F2_48XLARGE_SLOTS[i]`` with its
+    management function at function 1 of the same device.
+    """
+    node = _amazon_instance(root)
+    for index, bdf in enumerate(F2_48XLARGE_SLOTS):
+        node.add_f2_slot(bdf, numa_node=0 if index < 4 else 1)
+    return node
+
+
+def build_broken_node(root: Path) -> FakeNode:
+    """One healthy port and every kind of trouble discovery must survive.
+
+    Served, Unhealthy: ``0000:3b:00.0`` (AFU ID all f), ``0000:5e:00.0`` (port error 0x4),
+    ``0000:86:00.0`` (device node missing), ``0000:af:00.0`` (garbage AFU ID).
+    Served, healthy, NUMA unknown: ``0000:d8:00.0`` (garbage ``numa_node``).
+    Skipped with a warning: a card whose parents are not PCI functions, a dangling class
+    link, a class link that loops, a port with a malformed name.
+    """
+    node = FakeNode(root)
+    node.add_dfl_card("0000:3b:00.0", afu_id=CRASHED_AFU_ID)
+    [errored] = node.add_opae_card("0000:5e:00.0")
+    node.set_port_error(errored, 0x4)
+    [nodeless] = node.add_dfl_card("0000:86:00.0", numa_node=1)
+    node.delete_device_node(nodeless)
+    node.add_opae_card("0000:af:00.0", afu_id="not-an-afu-id", numa_node=1)
+    node.add_dfl_card("0000:d8:00.0", numa_node=1)
+    _write(node.function_path("0000:d8:00.0") / "numa_node", "banana")
+    node.add_dfl_card("0000:12:00.0")
+    orphan = node.sysfs_root / "devices" / "platform" / "fpga-sim" / "fpga" / "intel-fpga-dev.90"
+    _write(orphan / "intel-fpga-port.90" / "afu_id", DEFAULT_AFU_ID)
+    _write(orphan / "intel-fpga-port.90" / "dev", "240:90")
+    _link(node.sysfs_root / "class" / "fpga" / "intel-fpga-dev.90", orphan)
+    _link(node.sysfs_root / "class" / "fpga" / "intel-fpga-dev.91",
+          node.sysfs_root / "devices" / "gone")
+    loop = node.sysfs_root / "class" / "fpga_region" / "region90"
+    os.symlink("region91", loop)
+    os.symlink("region90", loop.parent / "region91")
+    _write(node.cards["0000:12:00.0"].path / "dfl-port.x" / "afu_id", DEFAULT_AFU_ID)
+    return node
+
+
+def build_ports(root: Path, count: int, driver: str = "dfl") -> FakeNode:
+    """``count`` single-port cards (for benchmarks), spread over NUMA nodes 0 and 1."""
+    node = FakeNode(root)
+    add = node.add_dfl_card if driver == "dfl" else node.add_opae_card
+    for index in range(count):
+        add(f"0000:{0x10 + index // 32:02x}:{index % 32:02x}.0", numa_node=index % 2)
+    return node
+
+
+def _address(bdf: str) -> PciAddress:
+    address = parse_bdf(bdf)
+    if address is None:
+        raise ValueError(f"{bdf!r} is not a PCI address")
+    return address
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text + "\n" if text else "")
+
+
+def _link(link: Path, target: Path) -> None:
+    """A relative symlink, as sysfs and udev make them, so a tree can be moved or copied."""
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    os.symlink(os.path.relpath(target, link.parent), link)

@@ -1,0 +1,345 @@
+"""Intel FPGA ports from either driver stack: the OPAE ``intel-fpga`` driver and upstream DFL.
+
+OPAE:  ``class/fpga/intel-fpga-dev.N/{intel-fpga-fme.N,intel-fpga-port.M}``, node
+       ``intel-fpga-port.M``, interface ID in the FME's ``pr/interface_id``.
+DFL:   ``class/fpga_region/regionN/{dfl-fme.K,dfl-port.M}``, node ``dfl-port.M``, interface ID
+       in the FME's partial-reconfiguration region ``compat_id`` (or the region's own).
+
+Both hang off a PCI function; an SR-IOV virtual function is a function of its own with its
+own card directory and port, and takes the interface ID of its physical function.
+
+Device IDs: a port's ID is the canonical address of its PCI function (``0000:5e:00.0``).
+If one function holds several ports they are ordered by port number (the port's ``id``
+attribute, or the kernel instance number in its name when ``id`` is unreadable): the first
+keeps the bare address, every other one is ``<address>-port<number>``. So the common one
+port per function gets exactly its address, and IDs only depend on what the hardware
+reports, never on the order directories are listed in. IDs stay under 30 characters.
+
+Health is recomputed from scratch on every scan, so a port recovers as soon as its cause
+clears: an all-``f`` AFU ID, a non-zero ``errors/errors`` or a missing device node each make
+the port Unhealthy, with the reason (and the path) in ``health_reason``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from plugin.discovery.backends.base import BackendConfig
+from plugin.discovery.backends.devnodes import NodeResolver
+from plugin.discovery.backends.hexid import is_all_f, normalise_hex_id
+from plugin.discovery.backends.intel_cards import CardModel, card_model, needs_subsystem
+from plugin.discovery.backends.pcifn import PciFunction, owning_function, pci_id, read_function
+from plugin.discovery.backends.sysfs import Notes, is_dir, list_dir, read_attr
+from plugin.model.devices import Device, Health
+
+log = logging.getLogger(__name__)
+
+BACKEND = "intel"
+AFU_CRASHED = "AFU ID is all f: firmware crashed"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where one driver stack puts its cards, ports and management engines."""
+
+    driver: str
+    class_dir: str
+    card: re.Pattern[str]
+    port: re.Pattern[str]
+    port_prefix: str
+    fme: re.Pattern[str]
+
+
+OPAE = Layout(
+    driver="intel-fpga",
+    class_dir="class/fpga",
+    card=re.compile(r"^intel-fpga-dev\.(\d+)$"),
+    port=re.compile(r"^intel-fpga-port\.(\d+)$"),
+    port_prefix="intel-fpga-port",
+    fme=re.compile(r"^intel-fpga-fme\.(\d+)$"),
+)
+DFL = Layout(
+    driver="dfl",
+    class_dir="class/fpga_region",
+    card=re.compile(r"^region(\d+)$"),
+    port=re.compile(r"^dfl-port\.(\d+)$"),
+    port_prefix="dfl-port",
+    fme=re.compile(r"^dfl-fme\.(\d+)$"),
+)
+LAYOUTS = (OPAE, DFL)
+
+
+@dataclass(frozen=True, slots=True)
+class Port:
+    name: str
+    instance: int
+    path: Path
+
+
+@dataclass(frozen=True, slots=True)
+class Card:
+    """One driver directory of one PCI function, with its ports and FME interface ID."""
+
+    layout: Layout
+    path: Path
+    function: PciFunction
+    interface_id: str | None
+    ports: tuple[Port, ...]
+    model: CardModel | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NumberedPort:
+    card: Card
+    port: Port
+    number: int
+
+
+class IntelBackend:
+    """Scans both layouts on every call; keeps no state between scans but reported warnings."""
+
+    name = BACKEND
+    static = False
+    uevent_subsystems = ("pci", "fpga", "fpga_region", "platform")
+
+    def __init__(self, config: BackendConfig) -> None:
+        self.sysfs_root = config.sysfs_root
+        self.dev_root = config.dev_root
+        self._notes = Notes(log)
+        self._health_files: tuple[Path, ...] = ()
+        self._seen_health_files: list[Path] = []
+
+    def scan(self) -> list[Device]:
+        warnings = self._notes.start()
+        self._seen_health_files = []
+        try:
+            devices = self._scan(warnings)
+            self._health_files = tuple(self._seen_health_files)
+        except Exception:
+            log.exception("Intel FPGA discovery under %s failed; reporting no ports",
+                          self.sysfs_root)
+            devices = []
+        self._notes.flush(warnings)
+        return devices
+
+    def health_files(self) -> list[Path]:
+        """Each served port's ``afu_id`` and error register, as found by the last scan.
+
+        Their contents decide health but change without any event (a crashed AFU, a latched
+        error), so the monitor re-reads just these between full scans.
+        """
+        return list(self._health_files)
+
+    def watch_paths(self) -> list[Path]:
+        """Device-node directories (udev adds and removes nodes) and the class directories."""
+        candidates = [self.sysfs_root / layout.class_dir for layout in LAYOUTS]
+        candidates += [self.dev_root, self.dev_root / "char"]
+        return [path for path in candidates if is_dir(path)]
+
+    def places(self) -> list[Path]:
+        """Where ports are looked for, for messages that say what was searched."""
+        return [self.sysfs_root / layout.class_dir for layout in LAYOUTS]
+
+    def _scan(self, warnings: list[str]) -> list[Device]:
+        cards = [card for layout in LAYOUTS for card in self._cards(layout, warnings)]
+        interfaces = {c.function.bdf: c.interface_id for c in cards if c.interface_id}
+        by_function: dict[str, list[NumberedPort]] = {}
+        for card in cards:
+            for port in card.ports:
+                numbered = NumberedPort(card, port, port_number(port, warnings))
+                by_function.setdefault(card.function.bdf, []).append(numbered)
+        devices: list[Device] = []
+        nodes = NodeResolver(self.dev_root)
+        for bdf in sorted(by_function):
+            entries = sorted(by_function[bdf], key=lambda e: (e.number, e.port.instance))
+            taken: set[str] = set()
+            for index, entry in enumerate(entries):
+                device_id = bdf if index == 0 else f"{bdf}-port{entry.number}"
+                if device_id in taken:
+                    warnings.append(
+                        f"{entry.port.path}: port number {entry.number} is already used by "
+                        f"another port of {bdf}; skipping {entry.port.name}"
+                    )
+                    continue
+                taken.add(device_id)
+                interface = entry.card.interface_id or _parent_interface(entry.card, interfaces)
+                try:
+                    devices.append(self._device(device_id, entry, interface, nodes, warnings))
+                except ValueError as exc:  # the model refused a value: lose this port only
+                    warnings.append(f"{entry.port.path}: {exc}; skipping {entry.port.name}")
+        return devices
+
+    def _cards(self, layout: Layout, warnings: list[str]) -> Iterator[Card]:
+        class_dir = self.sysfs_root / layout.class_dir
+        names = list_dir(class_dir)
+        if names is None:
+            if is_dir(class_dir):
+                warnings.append(f"{class_dir}: cannot be listed; no {layout.driver} ports found")
+            return
+        for name in names:
+            match = layout.card.match(name)
+            if match is None:
+                log.debug("%s: not a %s card directory, ignored", class_dir / name, layout.driver)
+                continue
+            card = self._card(layout, class_dir / name, warnings)
+            if card is not None:
+                yield card
+
+    def _card(self, layout: Layout, entry: Path, warnings: list[str]) -> Card | None:
+        children = list_dir(entry)
+        if children is None:
+            warnings.append(f"{entry}: cannot be listed (broken link or loop?); skipping it")
+            return None
+        ports = []
+        for child in children:
+            match = layout.port.match(child)
+            if match is not None:
+                ports.append(Port(child, int(match[1]), entry / child))
+            elif child.startswith(layout.port_prefix):
+                warnings.append(f"{entry / child}: not a {layout.port_prefix}.N name; skipping it")
+        fmes = [entry / c for c in children if layout.fme.match(c)]
+        if not ports and not fmes:
+            return None
+        owner = owning_function(entry)
+        if owner is None:
+            if ports:
+                warnings.append(
+                    f"{entry}: no PCI function found (no 'device' link to, and no parent "
+                    f"directory named, dddd:bb:dd.f); skipping {', '.join(p.name for p in ports)}"
+                )
+            return None
+        function = read_function(*owner, warnings)
+        subsystem = None
+        if needs_subsystem(function.vendor, function.device):  # OFS: one device ID, many cards
+            subsystem = pci_id(read_attr(function.path / "subsystem_device"), warnings)
+        return Card(layout, entry, function, _interface_id(layout, entry, fmes, warnings),
+                    tuple(ports), card_model(function.vendor, function.device, subsystem))
+
+    def _device(self, device_id: str, entry: NumberedPort, interface_id: str | None,
+                nodes: NodeResolver, warnings: list[str]) -> Device:
+        card, port, function = entry.card, entry.port, entry.card.function
+        reasons: list[str] = []
+        attributes = {
+            "driver": card.layout.driver,
+            "port": port.name,
+            "pci_address": function.bdf,
+        }
+        if function.vendor:
+            attributes["vendor"] = function.vendor
+        if function.device:
+            attributes["device"] = function.device
+        if interface_id:
+            attributes["interface_id"] = interface_id
+        if card.model is not None:
+            attributes["card"] = card.model.name
+        self._seen_health_files += [port.path / "afu_id", port.path / "errors" / "errors"]
+        afu_id = _afu_id(device_id, port, reasons, warnings)
+        if afu_id:
+            attributes["afu_id"] = afu_id
+        _check_errors(device_id, port, reasons, warnings)
+        lookup = nodes.resolve(read_attr(port.path / "dev"), port.name)
+        if lookup.warning:
+            warnings.append(lookup.warning)
+        if lookup.node is None:
+            reasons.append(lookup.problem)
+        return Device(
+            id=device_id,
+            backend=BACKEND,
+            health=Health.UNHEALTHY if reasons else Health.HEALTHY,
+            health_reason="; ".join(reasons),
+            numa_node=function.numa_node,
+            nodes=(lookup.node,) if lookup.node is not None else (),
+            attributes=tuple(attributes.items()),
+        )
+
+
+def port_number(port: Port, warnings: list[str]) -> int:
+    """The hardware port number (``id``), or the kernel instance number if it is unreadable."""
+    attr = read_attr(port.path / "id")
+    if attr.text is not None and attr.text.isdigit() and len(attr.text) <= 6:
+        return int(attr.text)
+    if not attr.missing:
+        shown = attr.describe() if attr.text is None else f"{attr.path}: {attr.text[:40]!r}"
+        warnings.append(f"{shown} is not a port number; using {port.instance} from the name")
+    return port.instance
+
+
+def _afu_id(device_id: str, port: Port, reasons: list[str], warnings: list[str]) -> str | None:
+    attr = read_attr(port.path / "afu_id")
+    value = normalise_hex_id(attr.text) if attr.text is not None else None
+    if value is None:
+        problem = attr.describe() if attr.text is None else (
+            f"{attr.path}: {attr.text[:40]!r} is not a hex AFU ID")
+        reasons.append(f"AFU ID unreadable: {problem}")
+        warnings.append(f"{device_id} ({port.name}): AFU ID unreadable: {problem}")
+        return None
+    if is_all_f(value):
+        reasons.append(AFU_CRASHED)
+    return value
+
+
+def _check_errors(device_id: str, port: Port, reasons: list[str], warnings: list[str]) -> None:
+    """A non-zero port error register makes the port Unhealthy; no register, no check."""
+    attr = read_attr(port.path / "errors" / "errors")
+    if attr.missing:
+        return
+    value = _register(attr.text) if attr.text is not None else None
+    if value is None:
+        problem = attr.describe() if attr.text is None else (
+            f"{attr.path}: {attr.text[:40]!r} is not a register value")
+        reasons.append(f"port error register unreadable: {problem}")
+        warnings.append(f"{device_id} ({port.name}): port error register unreadable: {problem}")
+    elif value != 0:
+        reasons.append(f"port error register {attr.path} reads {value:#x}")
+
+
+def _register(text: str) -> int | None:
+    try:
+        return int(text, 16)
+    except ValueError:
+        return None
+
+
+def _interface_id(layout: Layout, card: Path, fmes: list[Path],
+                  warnings: list[str]) -> str | None:
+    """The FME's interface (compat) ID: what a bitstream must match to be loaded here."""
+    candidates: list[Path] = []
+    for fme in fmes:
+        if layout is OPAE:
+            candidates.append(fme / "pr" / "interface_id")
+        else:
+            candidates += _dfl_pr_regions(fme)
+    if layout is DFL:
+        candidates.append(card / "compat_id")
+    for path in candidates:
+        attr = read_attr(path)
+        if attr.missing:
+            continue
+        value = normalise_hex_id(attr.text) if attr.text is not None else None
+        if value is not None:
+            return value
+        shown = attr.describe() if attr.text is None else f"{attr.path}: {attr.text[:40]!r}"
+        warnings.append(f"{shown} is not an interface ID; ignoring it")
+    return None
+
+
+def _dfl_pr_regions(fme: Path) -> list[Path]:
+    """``dfl-fme.K/dfl-fme-region.J/fpga_region/regionR/compat_id`` for every PR region."""
+    found = []
+    for sub in list_dir(fme) or []:
+        if not sub.startswith("dfl-fme-region."):
+            continue
+        regions = fme / sub / "fpga_region"
+        found += [regions / r / "compat_id" for r in list_dir(regions) or []
+                  if DFL.card.match(r)]
+    return found
+
+
+def _parent_interface(card: Card, interfaces: dict[str, str | None]) -> str | None:
+    """A virtual function has no FME; it runs in the region of its physical function."""
+    physfn = card.function.physfn
+    return interfaces.get(str(physfn)) if physfn is not None else None

@@ -1,0 +1,315 @@
+"""The ``serve`` process: discovery feeds resources, each resource keeps a server registered.
+
+Owns the few node-wide loops (device monitor, kubelet-directory watcher, safety-net checks,
+liveness heartbeat, signals) and one :class:`~plugin.serving.deviceplugin.server.ResourceServer`
+per resource name. Every loop runs supervised (:mod:`plugin.process.supervise`): one that fails
+or ends is logged and restarted, never left dead while the process looks healthy. Resources
+appear and disappear with the devices (per-AFU mode); in single mode there is always exactly
+one, even with zero devices, so the kubelet sees a count of 0 rather than a plugin that never
+registered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from api_versions.negotiate import adapters
+from plugin.cli.config import Settings
+from plugin.discovery.backends.base import Backend
+from plugin.discovery.monitor import DeviceMonitor, TriggerSource
+from plugin.model.devices import DeviceSet
+from plugin.model.feed import DeviceFeed
+from plugin.model.resources import group_by_resource, socket_name_for
+from plugin.process import metrics
+from plugin.process.dirwatch import Change, DirectoryWatcher
+from plugin.process.signals import Meaning, SignalRouter, name_of
+from plugin.process.supervise import MAX_DELAY, supervise
+from plugin.process.ticks import sleep_to_tick
+from plugin.serving.cdi import CdiPolicy, SpecWriter
+from plugin.serving.deviceplugin.server import ResourceServer, Timing
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Resource:
+    feed: DeviceFeed
+    server: ResourceServer
+    task: asyncio.Task[None]
+
+
+@dataclass
+class Daemon:
+    settings: Settings
+    backend: Backend
+    triggers: Sequence[TriggerSource] = ()
+    timing: Timing = field(default_factory=Timing)
+    resources: dict[str, _Resource] = field(default_factory=dict)
+    owns_process: bool = False
+    """True for the ``serve`` command: every signal is handled (see :mod:`plugin.process.signals`)
+    and, once stopped, ignored until the process has exited. In-process users (tests, the
+    demo) only lend their stop signals, and get their own handlers back afterwards."""
+
+    def __post_init__(self) -> None:
+        if self.timing.watcher_wait != self.settings.watcher_wait:
+            self.timing = replace(self.timing, watcher_wait=self.settings.watcher_wait)
+        self._stop = asyncio.Event()
+        self._stopping: set[asyncio.Task[None]] = set()
+        self.candidates = adapters(self.settings.api_versions)
+        self._signals = SignalRouter(self._on_signal)
+        self._monitor: DeviceMonitor | None = None
+        self._cdi = SpecWriter(self.settings.cdi_spec_dir) if self.settings.cdi else None
+
+    @property
+    def directory(self) -> Path:
+        return self.settings.device_plugin_dir
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> int:
+        """Serve until SIGTERM/SIGINT/SIGQUIT or :meth:`stop`; return the process exit code."""
+        self._signals.install(everything=self.owns_process)
+        try:
+            return await self._serve_until_stopped()
+        finally:
+            self._signals.release(ignore=self.owns_process)
+
+    async def _serve_until_stopped(self) -> int:
+        self._enable_metrics()
+        log.info("starting: backend %s, generations %s, directory %s", self.backend.name,
+                 ",".join(a.name for a in self.candidates), self.directory)
+        monitor = DeviceMonitor(self.backend, self.settings.rescan_interval, self.triggers,
+                                health_interval=self.settings.health_interval,
+                                stall_timeout=self.settings.scan_stall_timeout)
+        self._monitor = monitor
+
+        async def follow_devices() -> None:
+            await monitor.run(self._publish)
+            if self.backend.static:  # one snapshot is all a static backend ever has
+                await self._stop.wait()
+
+        loops: dict[str, Callable[[], Awaitable[object]]] = {
+            "device monitor": follow_devices,
+            "kubelet directory watcher": self._watch_kubelet_dir,
+            "kubelet safety-net check": self._safety_net,
+        }
+        if self.settings.heartbeat_file is not None:
+            loops["liveness heartbeat"] = self._heartbeat
+        tasks = [
+            asyncio.create_task(supervise(
+                name, body, finished=self._stop.is_set, max_delay=MAX_DELAYS.get(name, MAX_DELAY),
+            ), name=name)
+            for name, body in loops.items()
+        ]
+        try:
+            await self._stop.wait()
+        finally:
+            log.info("stopping")
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for name in list(self.resources):
+                self._withdraw(name)
+            await self._drain()
+        log.info("stopped; sockets removed")
+        return 0
+
+    async def _publish(self, node: DeviceSet) -> None:
+        groups = group_by_resource(
+            node, self.settings.resource_mode, self.settings.resource_name,
+            self.settings.resource_prefix,
+        )
+        for name, devices in groups.items():
+            metrics.devices(name, devices)
+            resource = self.resources.get(name)
+            if resource is None:
+                resource = self._adopt(name, devices)
+            self._describe_for_cdi(resource.server, name, devices)
+            await resource.feed.publish(devices)
+        for name in [n for n in self.resources if n not in groups]:
+            log.info("%s: no devices left; withdrawing the resource", name)
+            metrics.devices(name, DeviceSet.of(()))
+            await self._retire(name)
+
+    def _describe_for_cdi(self, server: ResourceServer, name: str, devices: DeviceSet) -> None:
+        """Spec first, names second: a device is named in Allocate only once its spec is on
+        disk for the runtime to read. While the spec cannot be written, Allocate answers
+        with DeviceSpecs alone, whatever the strategy: a CDI name the runtime cannot
+        resolve would fail the container."""
+        if self._cdi is None:
+            return
+        written = self._cdi.write(name, devices)
+        server.cdi = CdiPolicy.of(
+            name, devices, self.settings.device_list_strategy) if written else None
+
+    def _adopt(self, name: str, devices: DeviceSet) -> _Resource:
+        feed = DeviceFeed(devices)
+        server = ResourceServer(
+            resource_name=name,
+            directory=self.directory,
+            socket_name=socket_name_for(name, self.settings.socket_name,
+                                        self.settings.resource_mode),
+            feed=feed,
+            candidates=self.candidates,
+            policy=self.settings.retry,
+            timing=self.timing,
+            registration=self.settings.registration,
+            registry_dir=self.settings.plugins_registry_dir,
+        )
+        task = asyncio.create_task(
+            supervise(f"server of {name}", server.run, finished=server.stopped),
+            name=f"resource {name}")
+        self.resources[name] = _Resource(feed, server, task)
+        log.info("%s: serving %s on %s", name, count(len(devices), "device"),
+                 server.socket_path)
+        return self.resources[name]
+
+    def _withdraw(self, name: str) -> None:
+        """Stop serving ``name``; its server finishes in the background (see ``_drain``)."""
+        if self._cdi is not None:
+            self._cdi.remove(name)
+        resource = self.resources.pop(name)
+        resource.server.stop()
+        self._stopping.add(resource.task)
+        resource.task.add_done_callback(self._stopping.discard)
+        # Closing the feed ends the ListAndWatch streams, so the server can stop at once.
+        self._stopping.add(asyncio.create_task(resource.feed.close()))
+
+    async def _retire(self, name: str) -> None:
+        self._withdraw(name)
+        await self._drain()
+
+    async def _drain(self) -> None:
+        """Wait for withdrawn servers to stop, without swallowing our own cancellation."""
+        while self._stopping:
+            done, _ = await asyncio.wait(set(self._stopping))
+            for task in done:
+                self._stopping.discard(task)
+                if not task.cancelled() and task.exception() is not None:
+                    log.error("a resource server failed while stopping",
+                              exc_info=task.exception())
+
+    async def _watch_kubelet_dir(self) -> None:
+        """Forward every change in the device-plugin directory to the resource servers.
+
+        Raises when the directory cannot be created or watched (a read-only parent, say);
+        the supervisor logs that and calls this again, so the watch is re-armed as soon as
+        the directory can be watched. Meanwhile the safety net still notices restarts.
+        """
+        watcher = DirectoryWatcher()
+        try:
+            while True:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                if watcher.available and not watcher.watch(self.directory):
+                    raise OSError(f"cannot watch {self.directory}")
+                async for event in watcher.events():
+                    for resource in list(self.resources.values()):
+                        resource.server.on_dir_event(event)
+                    if event.change is Change.DIRECTORY_GONE:
+                        break
+                else:
+                    # inotify unavailable: the safety net does all the work.
+                    await self._stop.wait()
+                # The directory was removed or replaced: tell the servers, then watch anew.
+                for resource in list(self.resources.values()):
+                    resource.server.check()
+        finally:
+            watcher.close()
+
+    async def _safety_net(self) -> None:
+        """Catch what inotify missed (overflow, unusual filesystems), at a slow pace."""
+        while True:
+            await sleep_to_tick(self.settings.kubelet_check_interval)
+            for resource in list(self.resources.values()):
+                resource.server.check()
+
+    async def _heartbeat(self) -> None:
+        """Touch the heartbeat file only after every live socket answered a real gRPC call."""
+        path = self.settings.heartbeat_file
+        assert path is not None
+        while True:
+            results = [await r.server.self_check() for r in list(self.resources.values())]
+            if all(results):
+                try:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_text(f"{time.time():.3f}\n")
+                except OSError as exc:
+                    log.warning("cannot write heartbeat %s: %s", path, exc)
+            await sleep_to_tick(self.settings.heartbeat_interval)
+
+    def _enable_metrics(self) -> None:
+        """Metrics are a convenience: a port already taken must not stop device serving."""
+        if self.settings.metrics_port is None:
+            return
+        try:
+            metrics.enable(self.settings.metrics_address, self.settings.metrics_port)
+        except OSError as exc:
+            log.error("metrics disabled: cannot listen on %s:%d: %s",
+                      self.settings.metrics_address, self.settings.metrics_port, exc)
+
+    def _on_signal(self, signum: int, meaning: Meaning) -> None:
+        name = name_of(signum)
+        if meaning is Meaning.STOP:
+            if self._stop.is_set():
+                log.info("received %s; already stopping", name)
+                return
+            log.info("received %s; stopping", name)
+            self.stop()
+        elif self._stop.is_set():
+            log.info("received %s while stopping; ignored", name)
+        elif meaning is Meaning.RELOAD:
+            log.info("received %s: rescanning devices and registering again", name)
+            self._rescan(name)
+            for resource in list(self.resources.values()):
+                resource.server.restart(f"{name} received")
+        elif meaning is Meaning.STATUS:
+            log.info("received %s: rescanning devices; status follows", name)
+            self._rescan(name)
+            self._log_status()
+        else:
+            log.warning("received %s; ignored (SIGTERM stops the plugin, SIGHUP re-registers "
+                        "it)", name)
+
+    def _rescan(self, reason: str) -> None:
+        if self._monitor is not None:
+            self._monitor.request_scan(reason)
+
+    def _log_status(self) -> None:
+        if not self.resources:
+            log.info("status: no resource served")
+        for name, resource in self.resources.items():
+            devices = resource.feed.current
+            healthy = len(devices.healthy_ids())
+            server = resource.server
+            state = (f"registered through {server.generation}" if server.generation
+                     else "not registered")
+            log.info("status: %s on %s: %s, %s (%d healthy), %d registrations so far", name,
+                     server.socket_path, state, count(len(devices), "device"), healthy,
+                     server.registrations)
+
+
+def count(number: int, noun: str) -> str:
+    """``1 device``, ``0 devices``, ``6 devices``."""
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
+MAX_DELAYS = {"kubelet directory watcher": 2.0}
+"""Loops retried more often than supervise's default: a directory watcher that cannot be
+armed is retried at least every 2 s, so it re-arms soon after the directory appears."""
+
+
+def heartbeat_fresh(path: Path, max_age: float) -> tuple[bool, str]:
+    """For ``healthcheck``: is the heartbeat recent enough, and a one-line reason."""
+    try:
+        age = time.time() - path.stat().st_mtime
+    except OSError as exc:
+        return False, f"no heartbeat at {path}: {exc.strerror}"
+    if age > max_age:
+        return False, f"heartbeat {path} is {age:.0f}s old (limit {max_age:.0f}s)"
+    return True, f"heartbeat {age:.1f}s old"
