@@ -18,7 +18,8 @@ from compat_tests.kubelet import KubeletEmulator
 from plugin.model.devices import DeviceSet
 from plugin.model.feed import DeviceFeed
 from plugin.process.dirwatch import Change, DirEvent
-from plugin.serving.deviceplugin import server as server_module
+from plugin.serving.deviceplugin import kubelet_socket as negotiation_module
+from plugin.serving.deviceplugin import socket as socket_module
 from plugin.serving.deviceplugin.server import ResourceServer, Timing
 
 
@@ -40,7 +41,7 @@ async def test_a_kubelet_replaced_as_register_returns_is_registered_with_at_once
     after Register can find the new kubelet."""
     first = KubeletEmulator(directory, "1.26")
     second = KubeletEmulator(directory, "1.26", wipe_at_start=False)
-    real_negotiate = server_module.negotiate
+    real_negotiate = negotiation_module.negotiate
     replaced = False
 
     async def negotiate_then_the_kubelet_restarts(*args: Any, **kwargs: Any) -> Any:
@@ -52,7 +53,7 @@ async def test_a_kubelet_replaced_as_register_returns_is_registered_with_at_once
             await second.start()
         return adapter
 
-    monkeypatch.setattr(server_module, "negotiate", negotiate_then_the_kubelet_restarts)
+    monkeypatch.setattr(negotiation_module, "negotiate", negotiate_then_the_kubelet_restarts)
     await first.start()
     server = ResourceServer(
         "b-com.com/accelerator", directory, "a.sock", DeviceFeed(DeviceSet.of(())),
@@ -82,7 +83,7 @@ async def test_a_socket_wiped_while_it_is_being_confirmed_is_served_anew_at_once
         "b-com.com/accelerator", directory, "a.sock", DeviceFeed(DeviceSet.of(())),
         adapters(), RetryPolicy(attempts=1), Timing(),
     )
-    real_move, real_identity = server_module.move_into_place, server_module.identity
+    real_move, real_identity = socket_module.move_into_place, socket_module.identity
     moved = False
     wiped = False
 
@@ -104,8 +105,8 @@ async def test_a_socket_wiped_while_it_is_being_confirmed_is_served_anew_at_once
             asyncio.get_running_loop().call_soon(wipe)  # once serving is being confirmed
         return found
 
-    monkeypatch.setattr(server_module, "move_into_place", move_into_place)
-    monkeypatch.setattr(server_module, "identity", identity)
+    monkeypatch.setattr(socket_module, "move_into_place", move_into_place)
+    monkeypatch.setattr(socket_module, "identity", identity)
     caplog.set_level(logging.INFO)
     task = asyncio.create_task(server.run())
     try:

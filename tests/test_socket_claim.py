@@ -48,7 +48,7 @@ async def test_a_waiting_server_reminds_and_never_touches_the_live_socket(caplog
         server = ResourceServer("example.com/fpga", directory, "a.sock", DeviceFeed(),
                                 adapters(), RetryPolicy(),
                                 Timing(holder_poll=0.05, holder_reminder=0.3))
-        caplog.set_level(logging.WARNING, logger="plugin.serving.deviceplugin.server")
+        caplog.set_level(logging.WARNING, logger="plugin.serving.deviceplugin")
         task = asyncio.create_task(server.run())
         await asyncio.sleep(0.8)
         server.stop()

@@ -1,6 +1,7 @@
 """The device-plugin family: one socket per resource, kept registered with every kubelet.
 
-``server`` runs a resource's lifecycle (serve, register through ``kubelet.sock`` or the
-plugin watcher, hold, start over when the kubelet does); ``channels`` decides between the
-two registration channels per kubelet.
+``server`` runs a resource's lifecycle (serve, register, hold, start over when the kubelet
+does); ``socket`` binds and confirms the socket; ``kubelet_socket`` registers through
+``kubelet.sock`` by negotiating a generation; ``watcher_hold`` lets the kubelet's plugin
+watcher find and register the socket; ``channels`` decides between the two per kubelet.
 """

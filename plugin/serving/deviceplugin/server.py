@@ -12,37 +12,28 @@ Lifecycle of a :class:`ResourceServer`, repeated until it is stopped:
    registered with); then tear down and go to 1, so a kubelet upgraded to another generation
    is met with a fresh negotiation and no process restart.
 
-A round that ends unregistered (kubelet absent, refusing every generation, hanging) is retried
-with a growing pause. A new ``kubelet.sock`` cuts short whatever the round is doing (a
-pause, a retry back-off, a call to a dead kubelet) and starts a fresh round at once, so a
-kubelet is met within milliseconds of appearing. The server never exits on its own.
+Steps 1 and the tear-down are :mod:`~plugin.serving.deviceplugin.socket`; step 2 and its
+hold are :mod:`~plugin.serving.deviceplugin.kubelet_socket`, or, where the kubelet's plugin
+watcher registers the socket instead, :mod:`~plugin.serving.deviceplugin.watcher_hold`. This
+module runs the loop over them and reacts to the kubelet's directory. The server never exits
+on its own.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from api_versions.adapter import Adapter
-from api_versions.negotiate import (
-    KUBELET_SOCKET,
-    NegotiationError,
-    NoGenerationAccepted,
-    negotiate,
-)
+from api_versions.negotiate import KUBELET_SOCKET
 from api_versions.retry import RetryPolicy
-from api_versions.watcher import GENERATION as WATCHER_GENERATION
-from api_versions.watcher import registration_handlers
 from plugin.model.feed import DeviceFeed
 from plugin.process import metrics
 from plugin.process.dirwatch import Change, DirEvent
@@ -53,15 +44,11 @@ from plugin.serving.deviceplugin.channels import (
     FileIdentity,
     WatcherVerdict,
 )
+from plugin.serving.deviceplugin.kubelet_socket import KubeletSocketChannel
+from plugin.serving.deviceplugin.socket import SocketLifecycle
+from plugin.serving.deviceplugin.watcher_hold import WatcherChannel
 from plugin.serving.routing import GenerationRouter, identity
-from plugin.serving.socket_claim import (
-    PathState,
-    SocketHeld,
-    directory_lock,
-    move_into_place,
-    probe,
-    staging_path,
-)
+from plugin.serving.socket_claim import SocketHeld
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +74,9 @@ class Timing:
     manager reconciles every second) before registering through ``kubelet.sock``."""
 
 
-class ResourceServer:
+class ResourceServer(SocketLifecycle, KubeletSocketChannel, WatcherChannel):
+    """Keeps one resource served and registered with whichever kubelet is on the node."""
+
     def __init__(
         self,
         resource_name: str,
@@ -213,30 +202,6 @@ class ResourceServer:
             log.info("%s: %s; serving and registering again", self.resource_name, reason)
             self._restart.set()
 
-    async def _wait_for_holder(self, held: SocketHeld) -> None:
-        """Wait until the process serving our socket path is gone, without touching it."""
-        now = asyncio.get_running_loop().time()
-        if self._waited_for is None:
-            log.warning(
-                "%s: %s; another instance of this plugin (a rolling update) or the plugin it "
-                "replaces is still running. Waiting for it to stop; taking over then.",
-                self.resource_name, held)
-            self._waiting_since = self._last_reminder = now
-        elif now - self._last_reminder >= self.timing.holder_reminder:
-            log.warning("%s: still waiting after %.0f s: %s", self.resource_name,
-                        now - self._waiting_since, held)
-            self._last_reminder = now
-        self._waited_for = held
-        self._socket_freed.clear()
-        waiters = [asyncio.create_task(self._socket_freed.wait()),
-                   asyncio.create_task(self._stop.wait())]
-        try:
-            await asyncio.wait(waiters, timeout=self.timing.holder_poll,
-                               return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in waiters:
-                task.cancel()
-
     def on_dir_event(self, event: DirEvent) -> None:
         """React to a change in the device-plugin directory (see the module docstring)."""
         ours_deleted = event.name == self.socket_name and event.change is Change.DELETED
@@ -275,194 +240,10 @@ class ResourceServer:
                          KUBELET_SOCKET)
                 self._restart.set()
 
-    async def self_check(self, timeout: float = 2.0) -> bool:
-        """A real gRPC round trip over our own socket: what the liveness heartbeat needs."""
-        if self._server is None:
-            return True
-        target = f"unix://{self.socket_path.absolute()}"
-        try:
-            async with grpc.aio.insecure_channel(target) as channel:
-                stub = health_pb2_grpc.HealthStub(channel)
-                reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=timeout)
-        except grpc.aio.AioRpcError as exc:
-            log.warning("%s: self-check failed: %s", self.resource_name, exc.code().name)
-            return False
-        return reply.status == health_pb2.HealthCheckResponse.SERVING
-
-    async def _serve(self) -> None:
-        if self.channel is Channel.KUBELET_SOCKET:
-            self.directory.mkdir(parents=True, exist_ok=True)
-        async with directory_lock(self.socket_path.parent):
-            found = probe(self.socket_path)
-            if found.state is PathState.LIVE:
-                raise SocketHeld(self.socket_path, found)
-            self._check_other_channel()
-            if found.state is PathState.STALE:
-                log.info("%s: replacing stale %s (nothing was serving it)", self.resource_name,
-                         self.socket_path)
-            staged = staging_path(self.socket_path)
-            server = grpc.aio.server()
-            server.add_generic_rpc_handlers([self._router])
-            health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-            server.add_insecure_port(f"unix://{staged.absolute()}")
-            await server.start()
-            self._server = server
-            move_into_place(staged, self.socket_path)
-            self._served = identity(self.socket_path)
-        await self._confirm()
-        log.debug("%s: serving on %s", self.resource_name, self.socket_path)
-
-    async def _confirm(self) -> None:
-        """Wait until the socket just put in place answers, or until a restart is asked for.
-
-        A kubelet starting up wipes the directory, and may do so right after our socket was
-        moved into place: the dial then cannot succeed, and waiting out the timeout would
-        only delay serving anew (and log an error) for nothing. The removal is seen as a
-        directory event, which asks for a restart; that ends the wait at once.
-        """
-        target = f"unix://{self.socket_path.absolute()}"
-        async with grpc.aio.insecure_channel(target) as channel:
-            ready = asyncio.ensure_future(channel.channel_ready())
-            restart = asyncio.ensure_future(self._restart.wait())
-            try:
-                done, _ = await asyncio.wait({ready, restart}, timeout=self.timing.confirm_timeout,
-                                             return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for waiter in (ready, restart):
-                    waiter.cancel()
-                await asyncio.gather(ready, restart, return_exceptions=True)
-        if ready not in done and restart not in done:
-            raise TimeoutError(f"{self.socket_path} did not answer within "
-                               f"{self.timing.confirm_timeout:g} s")
-
-    def _check_other_channel(self) -> None:
-        """One resource, one channel, even across instances: during a rollout between
-        versions (or settings) that register differently, the newcomer waits while the
-        other channel's socket of the same name is live, as it waits for its own path. A
-        stale one (a killed instance) is removed, so no kubelet registers a dead socket."""
-        registry = self._chooser.registry_dir
-        if registry is None:
-            return
-        other = (self.directory if self.channel is Channel.PLUGIN_WATCHER else registry) \
-            / self.socket_name
-        found = probe(other)
-        if found.state is PathState.LIVE:
-            raise SocketHeld(other, found)
-        if found.state is PathState.STALE:
-            log.info("%s: removing stale %s (nothing was serving it)", self.resource_name, other)
-            with contextlib.suppress(OSError):
-                os.unlink(other)
-
-    async def _unserve(self) -> None:
-        server, self._server = self._server, None
-        self._registered_with = None
-        if self.generation is not None:
-            metrics.registered(self.resource_name, None, self._generation_names)
-        self.generation = None
-        if server is not None:
-            await server.stop(self.timing.stop_grace)
-        if self._served is not None and identity(self.socket_path) == self._served:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.socket_path)
-        self._served = None
-
-    async def _register_and_hold(self) -> None:
-        pause = self.timing.round_backoff_initial
-        while True:
-            adapter = await self._round()
-            if isinstance(adapter, NegotiationError):
-                metrics.negotiation_failed(self.resource_name, type(adapter).__name__)
-                self._report(adapter, pause)
-                await self._pause(pause)
-                pause = min(pause * 2, self.timing.round_backoff_max)
-                continue
-            if adapter is None:  # a new kubelet: it may be one for the other channel
-                if self._chooser.choose(identity(self.directory / KUBELET_SOCKET)) \
-                        is not self.channel:
-                    self._restart.set()
-                    return
-                pause = self.timing.round_backoff_initial
-                continue
-            self._now_registered(adapter)
-            await self._hold_terms(adapter, adapter.registration_terms(self))
-            return
-
     def _now_registered(self, adapter: Adapter) -> None:
         self.generation = adapter.name
         self.registrations += 1
         metrics.registered(self.resource_name, adapter.name, self._generation_names)
-
-    async def _registry_present(self) -> bool:
-        """Whether the watcher directory exists; if not, say so once and wait a while.
-
-        The kubelet creates it at start (1.13+): it is missing before the first kubelet
-        start, on an older kubelet, or when the pod does not mount it.
-        """
-        registry = self.socket_path.parent
-        if registry.is_dir():
-            self._said_no_registry = False
-            return True
-        if not self._said_no_registry:
-            self._said_no_registry = True
-            log.warning("%s: %s does not exist (kubelet not started yet, older than 1.13, or "
-                        "the directory is not mounted); registering once it appears",
-                        self.resource_name, registry)
-        await self._pause(self.timing.round_backoff_max / 10)
-        return False
-
-    def _watcher_adapter(self) -> Adapter:
-        return next(a for a in self.candidates if a.name == WATCHER_GENERATION)
-
-    def _prepare_watcher(self) -> None:
-        """Answer GetInfo before the socket appears: a kubelet may call the moment it does."""
-        self._verdict.forget()
-        self._router.activate({**self._watcher_adapter().handlers(self), **registration_handlers(
-            self.resource_name, self._verdict.on_info, self._verdict.on_status)})
-
-    async def _be_found_and_hold(self) -> None:
-        """The watcher channel: serve, let the kubelet register us, stay registered.
-
-        A kubelet restart needs nothing from us (the new kubelet finds the socket); under
-        ``auto`` a kubelet that refuses or never calls is sent to ``kubelet.sock`` instead.
-        """
-        adapter = self._watcher_adapter()
-        log.info("%s: serving on %s for the kubelet's plugin watcher", self.resource_name,
-                 self.socket_path)
-        while True:
-            kubelet = identity(self.directory / KUBELET_SOCKET)
-            self._kubelet_changed.clear()
-            wait = self.timing.watcher_wait if self._chooser.falls_back else None
-            outcome = await self._verdict.wait(wait)
-            if outcome is None or not outcome.registered:
-                why = (f"the kubelet refused it: {outcome.error}" if outcome is not None
-                       else f"no kubelet called it within {wait:g} s")
-                if self._chooser.falls_back:
-                    log.warning("%s: plugin-watcher registration failed (%s); registering "
-                                "through %s instead", self.resource_name, why, KUBELET_SOCKET)
-                    self._chooser.declined(kubelet)
-                    self._restart.set()
-                    return
-                log.error("%s: plugin-watcher registration failed (%s); waiting for the "
-                          "kubelet to try again", self.resource_name, why)
-                continue
-            self._registered_with = identity(self.directory / KUBELET_SOCKET)
-            self._now_registered(adapter)
-            log.info("registered %s through the plugin watcher (%s)", self.resource_name,
-                     adapter.name)
-            terms = asyncio.create_task(self._hold_terms(adapter, adapter.registration_terms(self)))
-            changed = asyncio.create_task(self._kubelet_changed.wait())
-            try:
-                await asyncio.wait([terms, changed], return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for task in (terms, changed):
-                    task.cancel()
-                await asyncio.gather(terms, changed, return_exceptions=True)
-            if not changed.done() or changed.cancelled():
-                return
-            log.info("%s: the kubelet restarted; waiting for it to find %s", self.resource_name,
-                     self.socket_path)
-            self.generation = None
-            self._verdict.forget()
 
     async def _hold_terms(self, adapter: Adapter, registered: object) -> None:
         """Stay registered; register anew when what the kubelet was told no longer holds.
@@ -477,55 +258,6 @@ class ResourceServer:
                              "(preferred allocation)")
                 break
         await self._stop.wait()
-
-    async def _round(self) -> Adapter | NegotiationError | None:
-        """One negotiation round: the adapter, why it failed, or None if a kubelet came.
-
-        The round is abandoned the moment a different ``kubelet.sock`` appears: whatever it
-        was doing (a back-off between retries, a Register to a kubelet that has just died)
-        can only delay meeting the new kubelet.
-        """
-        self._round_target = identity(self.directory / KUBELET_SOCKET)
-        self._kubelet_appeared.clear()
-        attempt = asyncio.create_task(negotiate(
-            self.directory, self.candidates, self, self.socket_name,
-            self.policy, before_attempt=self._offer,
-        ))
-        appeared = asyncio.create_task(self._kubelet_appeared.wait())
-        try:
-            await asyncio.wait([attempt, appeared], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            appeared.cancel()
-            if not attempt.done():
-                attempt.cancel()
-            await asyncio.gather(attempt, appeared, return_exceptions=True)
-        if attempt.cancelled():
-            log.info("%s: a new kubelet.sock appeared; negotiating with it at once",
-                     self.resource_name)
-            return None
-        failure = attempt.exception()
-        if failure is None:
-            now = identity(self.directory / KUBELET_SOCKET)
-            if now is not None and now != self._round_target:
-                # Replaced as Register returned: its directory event came during the round
-                # and was spent on it, so nothing else would tell us before the safety net.
-                log.info("%s: kubelet.sock was replaced as Register returned; negotiating "
-                         "with the new kubelet at once", self.resource_name)
-                return None
-            self._registered_with = self._round_target
-            return attempt.result()
-        if not isinstance(failure, NegotiationError):
-            raise failure
-        return failure
-
-    def _offer(self, adapter: Adapter) -> None:
-        self._router.activate(adapter.handlers(self))
-
-    def _report(self, failure: NegotiationError, pause: float) -> None:
-        tried = ", ".join(a.name for a in self.candidates)
-        level = logging.ERROR if isinstance(failure, NoGenerationAccepted) else logging.WARNING
-        log.log(level, "%s: not registered (tried %s): %s; next round in %.1fs, or at once "
-                "when a new kubelet.sock appears", self.resource_name, tried, failure, pause)
 
     async def _pause(self, seconds: float, wake_on_kubelet: bool = True) -> None:
         """Sleep ``seconds`` (with a little jitter), cut short by a new kubelet or a stop."""
