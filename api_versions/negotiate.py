@@ -76,6 +76,16 @@ class KubeletUnreachable(NegotiationError):
         self.detail = detail
 
 
+class Withdrawn(NegotiationError):
+    """The caller stopped wanting the registration (the plugin is stopping) mid-round."""
+
+    def __init__(self, generation: str, answered: bool) -> None:
+        when = "answered" if answered else "about to be offered"
+        super().__init__(f"registration through {generation} {when} after the plugin began "
+                         "stopping; not holding it")
+        self.generation = generation
+
+
 class NoGenerationAccepted(NegotiationError):
     def __init__(self, tried: Sequence[tuple[str, str]]) -> None:
         answers = "; ".join(f"{name}: {detail}" for name, detail in tried)
@@ -133,17 +143,21 @@ async def negotiate(
     endpoint: str,
     policy: RetryPolicy,
     before_attempt: Callable[[Adapter], None] = lambda _adapter: None,
+    wanted: Callable[[], bool] = lambda: True,
 ) -> Adapter:
     """Register through the first of ``candidates`` the kubelet accepts and return it.
 
     ``before_attempt`` runs before each generation is offered: recent kubelets dial back
     during Register, so the plugin's socket must already answer in that generation.
+    ``wanted`` is asked before every Register and once one succeeds: a plugin that began
+    stopping meanwhile gets :class:`Withdrawn` rather than a registration to hold.
     """
     tried: list[tuple[str, str]] = []
     for adapter in candidates:
         before_attempt(adapter)
         try:
-            await _register_with_retries(directory, adapter, resource, endpoint, policy)
+            await _register_with_retries(directory, adapter, resource, endpoint, policy,
+                                         wanted)
         except NotThisVersion as refusal:
             log.info("kubelet does not speak %s (%s); trying the next generation",
                      adapter.name, refusal)
@@ -151,6 +165,8 @@ async def negotiate(
             continue
         except TransientFailure as failure:
             raise KubeletUnreachable(adapter.name, str(failure), policy.attempts) from None
+        if not wanted():
+            raise Withdrawn(adapter.name, answered=True)
         log.info("registered %s through API generation %s (endpoint %s)",
                  resource.resource_name, adapter.name, endpoint)
         return adapter
@@ -159,7 +175,7 @@ async def negotiate(
 
 async def _register_with_retries(
     directory: Path, adapter: Adapter, resource: ServedResource, endpoint: str,
-    policy: RetryPolicy,
+    policy: RetryPolicy, wanted: Callable[[], bool],
 ) -> None:
     def before_sleep(state: RetryCallState) -> None:
         outcome = state.outcome.exception() if state.outcome else None
@@ -178,5 +194,7 @@ async def _register_with_retries(
     )
     async for attempt in retrying:
         with attempt:
+            if not wanted():
+                raise Withdrawn(adapter.name, answered=False)
             await register_once(directory, adapter, resource, endpoint,
                                 policy.register_timeout)

@@ -14,6 +14,7 @@ from api_versions.negotiate import (
     KubeletUnreachable,
     NoGenerationAccepted,
     RegistrationRefused,
+    Withdrawn,
     adapters,
     negotiate,
 )
@@ -192,3 +193,35 @@ def test_preferred_allocation_is_advertised_only_where_topology_can_change_the_c
     assert v1beta1.registration_terms(units) != v1beta1.registration_terms(two_nodes)
     older = [a for a in adapters() if a.name != "v1beta1"]
     assert all(a.registration_terms(units) is None for a in older)
+
+
+async def test_a_registration_answered_after_stopping_began_is_not_held(directory, caplog):
+    """The kubelet answers a Register sent just before the plugin began stopping: the round
+    ends Withdrawn, and nothing says the resource is registered."""
+    stopping = False
+
+    def answer_as_the_plugin_stops(_request):
+        nonlocal stopping
+        stopping = True
+        return None
+
+    kubelet = await scripted_kubelet(directory, "v1beta1", answer_as_the_plugin_stops)
+    try:
+        with caplog.at_level("INFO", logger="api_versions"), pytest.raises(Withdrawn):
+            await negotiate(directory, adapters(["v1beta1", "v1alpha2"]), RESOURCE,
+                            "plugin.sock", FAST, wanted=lambda: not stopping)
+    finally:
+        await kubelet.stop(None)
+    assert len(kubelet.calls) == 1, "no further generation is offered once stopping"
+    assert not [r for r in caplog.records if "registered" in r.getMessage()]
+
+
+async def test_nothing_is_offered_once_stopping_began(directory):
+    kubelet = await scripted_kubelet(directory, "v1beta1", lambda _request: None)
+    try:
+        with pytest.raises(Withdrawn, match="about to be offered"):
+            await negotiate(directory, adapters(["v1beta1"]), RESOURCE, "plugin.sock", FAST,
+                            wanted=lambda: False)
+    finally:
+        await kubelet.stop(None)
+    assert kubelet.calls == []

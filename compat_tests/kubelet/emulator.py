@@ -130,6 +130,13 @@ class KubeletEmulator:
         """Register calls received, answered or not (a hanging kubelet answers none)."""
         return self._service.calls
 
+    def hold_register(self) -> None:
+        """Answer no Register from now on until :meth:`release_register`."""
+        self._service.hold_answers()
+
+    def release_register(self) -> None:
+        self._service.release_answers()
+
     @property
     def running(self) -> bool:
         return self._server is not None

@@ -69,8 +69,18 @@ class RegistrationService:
         self._refuse = refuse
         self.supported_versions = () if accept_no_version else model.table.supported_versions
         self._hang = hang
+        self._answers_open = asyncio.Event()
+        self._answers_open.set()
         self.calls = 0
         self._on_call = on_call
+
+    def hold_answers(self) -> None:
+        """Keep every Register from now on waiting until :meth:`release_answers`: a
+        kubelet busy elsewhere, so a test can act while a registration is in flight."""
+        self._answers_open.clear()
+
+    def release_answers(self) -> None:
+        self._answers_open.set()
 
     def check(self, fields: translate.RegisterFields) -> str | None:
         """The kubelet's refusal message for ``fields``, or None if it passes the checks."""
@@ -91,6 +101,9 @@ class RegistrationService:
         if self._hang:
             log.info("kubelet %s: holding Register without an answer", self.model.name)
             await asyncio.Event().wait()
+        if not self._answers_open.is_set():
+            log.info("kubelet %s: holding Register until released", self.model.name)
+            await self._answers_open.wait()
         problem = self.check(fields)
         if problem is None:
             try:

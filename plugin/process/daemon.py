@@ -111,16 +111,20 @@ class Daemon:
             await self._stop.wait()
         finally:
             log.info("stopping")
+            # Servers first: one in the middle of a registration must not see it through
+            # while the loops below take their time to end.
+            for name in list(self.resources):
+                self._withdraw(name)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            for name in list(self.resources):
-                self._withdraw(name)
             await self._drain()
         log.info("stopped; sockets removed")
         return 0
 
     async def _publish(self, node: DeviceSet) -> None:
+        if self._stop.is_set():
+            return  # a scan that ends while stopping must not adopt a resource anew
         groups = group_by_resource(
             node, self.settings.resource_mode, self.settings.resource_name,
             self.settings.resource_prefix,

@@ -21,6 +21,7 @@ from api_versions.negotiate import (
     KUBELET_SOCKET,
     NegotiationError,
     NoGenerationAccepted,
+    Withdrawn,
     negotiate,
 )
 from api_versions.retry import RetryPolicy
@@ -50,6 +51,7 @@ class KubeletSocketChannel:
     channel: Channel
     _router: GenerationRouter
     _restart: asyncio.Event
+    _stop: asyncio.Event
     _kubelet_appeared: asyncio.Event
     _round_target: FileIdentity | None
     _registered_with: FileIdentity | None
@@ -62,6 +64,9 @@ class KubeletSocketChannel:
         pause = self.timing.round_backoff_initial
         while True:
             adapter = await self._round()
+            if isinstance(adapter, Withdrawn):
+                log.info("%s: %s", self.resource_name, adapter)
+                return
             if isinstance(adapter, NegotiationError):
                 metrics.negotiation_failed(self.resource_name, type(adapter).__name__)
                 self._report(adapter, pause)
@@ -90,7 +95,7 @@ class KubeletSocketChannel:
         self._kubelet_appeared.clear()
         attempt = asyncio.create_task(negotiate(
             self.directory, self.candidates, self, self.socket_name,
-            self.policy, before_attempt=self._offer,
+            self.policy, before_attempt=self._offer, wanted=lambda: not self._stop.is_set(),
         ))
         appeared = asyncio.create_task(self._kubelet_appeared.wait())
         try:

@@ -164,6 +164,9 @@ class ResourceServer(SocketLifecycle, KubeletSocketChannel, WatcherChannel):
                 await self._unserve()
                 await self._pause(self.timing.round_backoff_max / 10)
                 continue
+            if self._stop.is_set():  # stopped while the socket was being put in place
+                await self._unserve()
+                break
             if self._restart.is_set():  # removed while it was being confirmed
                 await self._unserve()
                 log.info("%s: serving anew", self.resource_name)

@@ -40,6 +40,7 @@ class WatcherChannel:
     generation: str | None
     _router: GenerationRouter
     _restart: asyncio.Event
+    _stop: asyncio.Event
     _kubelet_changed: asyncio.Event
     _registered_with: FileIdentity | None
     _said_no_registry: bool
@@ -103,6 +104,8 @@ class WatcherChannel:
                 log.error("%s: plugin-watcher registration failed (%s); waiting for the "
                           "kubelet to try again", self.resource_name, why)
                 continue
+            if self._stop.is_set():
+                return  # told as the plugin began stopping: nothing to hold
             self._registered_with = identity(self.directory / KUBELET_SOCKET)
             self._now_registered(adapter)
             log.info("registered %s through the plugin watcher (%s)", self.resource_name,
