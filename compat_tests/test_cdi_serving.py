@@ -18,17 +18,35 @@ def specs(directory: Path) -> dict[str, dict]:
     return {p.name: json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))}
 
 
-async def test_units_named_in_cdi_devices_beside_their_env(kubelet, plugin, tmp_path):
+async def test_units_get_their_env_and_no_cdi_name(kubelet, plugin, tmp_path):
+    """A unit has no node or mount to inject; a CDI device with empty edits makes the runtime
+    refuse the whole spec (and the container), so units are neither in a spec nor named."""
     cdi = tmp_path / "cdi"
     node = await kubelet("1.32")
     daemon = plugin(nb_units=4, extra=["--cdi", "--cdi-spec-dir", str(cdi)])
     await node.wait_for_devices(RESOURCE, timeout=SETTLE)
-    written = specs(cdi)
-    assert list(written) == ["b-com.com_accelerator.json"]
-    check(written["b-com.com_accelerator.json"])
+    assert specs(cdi) == {}
     answer = await node.allocate(RESOURCE, ["2", "3"])
-    assert list(answer.cdi_devices) == ["b-com.com/accelerator=2", "b-com.com/accelerator=3"]
+    assert list(answer.cdi_devices) == []
     assert answer.envs["ACCELERATOR_UNITS"] == "2,3", "the env stays in Allocate"
+    assert await daemon.terminate() == 0
+
+
+async def test_specs_follow_the_devices_and_go_on_stop(kubelet, plugin, tmp_path):
+    fake = FakeNode(tmp_path / "node")
+    fake.add_dfl_card("0000:3b:00.0")
+    cdi = tmp_path / "cdi"
+    node = await kubelet("1.32")
+    daemon = plugin(extra=["--backend", "intel", "--sysfs-root", str(fake.sysfs_root),
+                           "--dev-root", str(fake.dev_root), "--resource-name",
+                           "example.com/fpga.v2", "--cdi", "--cdi-spec-dir", str(cdi)])
+    await node.wait_for_devices("example.com/fpga.v2", timeout=SETTLE)
+    [(name, written)] = specs(cdi).items()
+    check(written)
+    assert written["cdiVersion"] == "0.5.0", "a dotted resource name keeps the spec at 0.5.0"
+    answer = await node.allocate("example.com/fpga.v2", ["0000:3b:00.0"])
+    assert list(answer.cdi_devices) == [f"{written['kind']}=0000-3b-00.0"]
+    assert name == written["kind"].replace("/", "_") + ".json"
     assert await daemon.terminate() == 0
     assert specs(cdi) == {}, "specs removed on stop"
 

@@ -56,5 +56,9 @@ def check(spec: dict[str, Any]) -> None:
     assert len(cls) <= 63, cls
     names = [d["name"] for d in spec["devices"]]
     assert names and len(set(names)) == len(names), "device names present and unique"
+    for device in spec["devices"]:  # device.go: "invalid device, empty device edits"
+        edits = device.get("containerEdits", {})
+        assert any(edits.get(k) for k in ("env", "deviceNodes", "hooks", "mounts")), \
+            f"{device['name']}: a device with empty edits makes the runtime refuse the spec"
     for name in names:
         assert _DEVICE.match(name), name

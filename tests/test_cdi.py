@@ -30,6 +30,15 @@ ACCELERATOR = "b-com.com/accelerator"
 ALVEO = "amd.com/xilinx_u250_gen3x16_xdma_shell_4_1-1605029394"
 
 
+def with_node(device_id: str) -> Device:
+    """A device with a node to inject: CDI specs hold only such devices."""
+    return Device(id=device_id, backend="intel", nodes=(DeviceNode("/dev/x", "/dev/x"),))
+
+
+def with_nodes(count: int) -> DeviceSet:
+    return DeviceSet.of([with_node(str(i)) for i in range(count)])
+
+
 def built(resource: str, devices: DeviceSet) -> dict:
     content = spec(resource, devices)
     assert content is not None
@@ -57,15 +66,14 @@ def test_alveo_cards_and_units_give_valid_specs(tmp_path: Path) -> None:
     assert first["name"] == "0000-17-00.1"
     assert first["containerEdits"]["deviceNodes"] == [
         {"path": "/dev/dri/renderD128", "hostPath": "/dev/dri/renderD128", "permissions": "rw"}]
-    units = built(ACCELERATOR, DeviceSet.of(UnitsBackend(3).scan()))
-    assert [d["name"] for d in units["devices"]] == ["0", "1", "2"]
-    assert units["cdiVersion"] == "0.5.0", "names starting with a digit need 0.5.0"
+    assert spec(ACCELERATOR, DeviceSet.of(UnitsBackend(3).scan())) is None, \
+        "units have nothing to inject: no spec, which the runtime would refuse"
 
 
 def test_version_is_the_lowest_the_fields_need() -> None:
-    lettered = DeviceSet.of([Device(id="port-a", backend="units")])
+    lettered = DeviceSet.of([Device(id="port-a", backend="units",
+                                    mounts=(Mount("/opt/x", "/opt/x", read_only=True),))])
     assert built("example.com/x", lettered)["cdiVersion"] == "0.3.0", "nothing newer used"
-    assert built("example.com/shell.v2", lettered)["cdiVersion"] == "0.6.0", "dot in class"
     mounted = DeviceSet.of([Device(id="port-a", backend="units",
                                    mounts=(Mount("/opt/x", "/opt/x", read_only=True),))])
     content = built("example.com/x", mounted)
@@ -82,7 +90,7 @@ def test_resource_names_the_parser_takes_are_their_own_kind(resource: str) -> No
 
 
 def test_a_segment_starting_with_a_digit_gets_a_letter_and_a_digest() -> None:
-    devices = DeviceSet.of([Device(id="0", backend="units")])
+    devices = DeviceSet.of([with_node("0")])
     resources = ["example.com/1gpu", "example.com/x1gpu", "3com.com/acc", "example.com/2gpu",
                  "example.com/9" + "a" * 62]
     kinds = [kind_of(r) for r in resources]
@@ -95,7 +103,8 @@ def test_a_segment_starting_with_a_digit_gets_a_letter_and_a_digest() -> None:
 @pytest.mark.parametrize("device_id", ["0000:5e:00.0", "a" * 300, "::", "é", "-x-", "x y"])
 def test_every_id_gets_a_valid_name(device_id: str) -> None:
     check({"cdiVersion": "0.5.0", "kind": "a.com/b",
-           "devices": [{"name": device_name(device_id), "containerEdits": {}}]})
+           "devices": [{"name": device_name(device_id),
+                        "containerEdits": {"deviceNodes": [{"path": "/dev/x"}]}}]})
 
 
 def test_names_that_would_clash_stay_distinct() -> None:
@@ -111,7 +120,7 @@ def test_names_that_would_clash_stay_distinct() -> None:
 ])
 def test_strategy_decides_what_allocate_sends(strategy: str, specs: bool,
                                               names: list[str]) -> None:
-    policy = CdiPolicy.of(ACCELERATOR, DeviceSet.of([Device(id="0000:5e:00.0", backend="x")]),
+    policy = CdiPolicy.of(ACCELERATOR, DeviceSet.of([with_node("0000:5e:00.0")]),
                           strategy)
     assert policy.device_specs is specs
     assert policy.qualified(["0000:5e:00.0"]) == names
@@ -154,12 +163,12 @@ def test_spec_files_never_clash_and_are_replaced_whole(tmp_path: Path) -> None:
 def test_unchanged_devices_leave_the_file_alone_and_changes_rewrite_it(tmp_path: Path) -> None:
     writer = SpecWriter(tmp_path)
     path = tmp_path / spec_file_name(ACCELERATOR)
-    two = DeviceSet.of(UnitsBackend(2).scan())
+    two = with_nodes(2)
     assert writer.write(ACCELERATOR, two)
     inode = path.stat().st_ino
-    assert writer.write(ACCELERATOR, DeviceSet.of(UnitsBackend(2).scan()))
+    assert writer.write(ACCELERATOR, with_nodes(2))
     assert path.stat().st_ino == inode, "same content: not rewritten"
-    assert writer.write(ACCELERATOR, DeviceSet.of(UnitsBackend(3).scan()))
+    assert writer.write(ACCELERATOR, with_nodes(3))
     assert [d["name"] for d in json.loads(path.read_text())["devices"]] == ["0", "1", "2"]
     path.unlink()  # someone cleaned the directory: the next change puts it back
     assert writer.write(ACCELERATOR, two) and path.exists()
@@ -170,10 +179,44 @@ def test_an_unwritable_directory_is_reported_once_and_serving_goes_on(
     blocker = tmp_path / "file"
     blocker.write_text("")
     writer = SpecWriter(blocker / "cdi")  # a path below a regular file: never writable
-    one = DeviceSet.of([Device(id="0", backend="units")])
-    two = DeviceSet.of([Device(id="0", backend="units"), Device(id="1", backend="units")])
+    one = with_nodes(1)
+    two = with_nodes(2)
     for _ in range(5):
         assert not writer.write(ACCELERATOR, one), "False: Allocate must not name them"
         assert not writer.write(ACCELERATOR, two)
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and "cannot write the CDI spec" in errors[0].getMessage()
+
+
+@pytest.mark.parametrize("resource", [
+    "example.com/fpga.v2", "amd.com/xilinx_u250_gen3x16_xdma_shell_4.1-1605029394",
+    "b-com.com/a.b.c", "example.com/1.x"])
+def test_a_dotted_name_keeps_the_spec_at_0_5_0(resource: str) -> None:
+    """Runtimes on a CDI library before v0.6.0 (podman 4.x, CRI-O 1.26 and 1.27, containerd
+    1.7.0 to 1.7.11) refuse a 0.6.0 spec, and a dot in the class is what asks for 0.6.0."""
+    node = DeviceSet.of([Device(id="0000:5e:00.0", backend="intel",
+                                nodes=(DeviceNode("/dev/x", "/dev/x"),))])
+    content = built(resource, node)
+    vendor, _, cls = content["kind"].partition("/")
+    assert "." not in cls and vendor == resource.partition("/")[0]
+    assert content["cdiVersion"] == "0.5.0"
+    policy = CdiPolicy.of(resource, node, "both")
+    assert policy.qualified(["0000:5e:00.0"]) == [f"{content['kind']}=0000-5e-00.0"]
+
+
+def test_dotted_names_never_share_a_kind_with_their_dashed_spelling() -> None:
+    resources = ["example.com/fpga.v2", "example.com/fpga-v2", "example.com/fpga_v2",
+                 "example.com/fpga..v2"]
+    kinds = [kind_of(r) for r in resources]
+    assert len(set(kinds)) == len(kinds)
+    assert kinds[1] == "example.com/fpga-v2" and kinds[2] == "example.com/fpga_v2"
+
+
+def test_devices_with_nothing_to_inject_are_neither_in_the_spec_nor_named() -> None:
+    mixed = DeviceSet.of([
+        Device(id="0000:00:0f.0", backend="aws", nodes=(DeviceNode("/dev/xdma0", "/dev/xdma0"),)),
+        Device(id="0000:00:11.0", backend="aws")])
+    content = built("example.com/slot", mixed)
+    assert [d["name"] for d in content["devices"]] == ["0000-00-0f.0"]
+    policy = CdiPolicy.of("example.com/slot", mixed, "both")
+    assert policy.qualified(["0000:00:0f.0", "0000:00:11.0"]) == ["example.com/slot=0000-00-0f.0"]

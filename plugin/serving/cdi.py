@@ -12,11 +12,15 @@ they check ``cdiVersion`` with; spec 1.1.0, tag v1.1.0):
 
 * ``kind`` is ``<vendor>/<class>``. SPEC.md asks for a DNS-subdomain vendor and a class of
   at most 63 alphanumerics, ``-``, ``_`` and ``.``, starting and ending alphanumeric; the
-  parser is stricter: vendor and class must both start with a *letter*. A Kubernetes
-  extended resource name obeys the SPEC.md rules but may start either segment with a digit,
-  so a resource's kind is its name except for such a segment, which becomes
-  ``x<digest>-<segment>`` (cut to 63): the digest of the whole segment keeps two resources
-  from ever sharing a kind.
+  parser is stricter: vendor and class must both start with a *letter*. A dot in the class
+  needs spec 0.6.0, which runtimes on a CDI library older than v0.6.0 refuse (podman 4.3.1
+  to 4.x, CRI-O 1.26 and 1.27, containerd 1.7.0 to 1.7.11: ``unresolvable CDI devices``).
+  A Kubernetes extended resource name obeys the SPEC.md rules but may start either segment
+  with a digit and hold dots in its name part (``example.com/fpga.v2``, or an afu-mode name
+  built from a dotted Alveo shell), so a resource's kind is its name except for such a
+  segment, which becomes ``x<digest>-<segment>`` with every dot as ``-`` (cut to 63): the
+  digest of the whole segment keeps two resources from ever sharing a kind. The kind need
+  not equal the resource name; the kubelet passes whatever Allocate names.
 * Device names are alphanumerics, ``-``, ``_`` and ``.``, starting and ending alphanumeric
   (starting with a digit since 0.5.0). The Go parser also takes ``:`` inside a name, SPEC.md
   does not; names keep to SPEC.md so any implementation reads them, and PCI addresses are
@@ -27,8 +31,12 @@ they check ``cdiVersion`` with; spec 1.1.0, tag v1.1.0):
   built before a version was released refuses the version itself, so declaring the lowest
   keeps the most runtimes able to read the spec. Of what this plugin writes, 0.5.0 brings
   device-node ``hostPath`` and device names starting with a digit (every ID of every
-  backend), 0.6.0 a dot in the class (``amd.com/<shell>`` names can hold one); nothing else
-  written needs more than 0.3.0, the first tagged spec.
+  backend); nothing else written needs more than 0.3.0, the first tagged spec. Every spec
+  therefore stays at 0.5.0, which every runtime on a CDI library since v0.5.0 reads.
+* A device whose edits are empty makes the CDI library refuse the whole spec (``invalid
+  device, empty device edits``, in every release): a device with nothing to inject (a units
+  ID, an AWS slot with no driver bound) is left out of the spec and never named in
+  ``cdi_devices``; its container still gets its environment from Allocate.
 
 The device edits carry device nodes and mounts only. The environment a container gets
 (``ACCELERATOR_UNITS``, the comma-joined IDs of its whole allocation) stays in Allocate's
@@ -65,7 +73,10 @@ still written, for other tools), CDI names only, or both (the default, for kubel
 _NOT_NAME = re.compile(r"[^A-Za-z0-9_.-]")
 _NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
 _SEGMENT = re.compile(r"^[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
-"""A vendor or class as the CDI parser accepts it: a letter first (see the module docstring)."""
+"""A vendor as the CDI parser accepts it: a letter first (see the module docstring)."""
+_CLASS = re.compile(r"^[A-Za-z]([A-Za-z0-9_-]*[A-Za-z0-9])?$")
+"""A class the parser accepts without raising the spec to 0.6.0: a letter first, no dot."""
+_NOT_CLASS = re.compile(r"[^A-Za-z0-9_-]")
 _CLASS_MAX = 63
 
 
@@ -83,33 +94,36 @@ class CdiPolicy:
 
     @classmethod
     def of(cls, resource: str, devices: DeviceSet, strategy: str) -> CdiPolicy:
-        """The names the spec written for ``devices`` of ``resource`` gives them, and what
-        ``--device-list-strategy`` lets Allocate send."""
+        """The names the spec written for ``devices`` of ``resource`` gives them (only the
+        devices in it), and what ``--device-list-strategy`` lets Allocate send."""
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown device list strategy {strategy!r}")
-        return cls(kind_of(resource), device_names(devices),
+        return cls(kind_of(resource), device_names(injectable(devices)),
                    device_specs=strategy != "cdi", cdi_devices=strategy != "device-specs")
 
     def qualified(self, device_ids: tuple[str, ...] | list[str]) -> list[str]:
-        """``<kind>=<name>`` of each ID, as the kubelet passes them to the runtime; none
-        when the strategy keeps to DeviceSpecs."""
+        """``<kind>=<name>`` of each ID the spec holds, as the kubelet passes them to the
+        runtime; none when the strategy keeps to DeviceSpecs. An ID the spec leaves out
+        (nothing to inject) is not named: the runtime could not resolve it."""
         if not self.cdi_devices:
             return []
-        return [f"{self.kind}={self.names.get(i) or device_name(i)}" for i in device_ids]
+        return [f"{self.kind}={self.names[i]}" for i in device_ids if i in self.names]
 
 
 def kind_of(resource: str) -> str:
-    """The CDI kind of a resource: its name, with a segment the CDI parser refuses replaced
-    by ``x<digest>-<segment>`` so that it starts with a letter and stays unique."""
+    """The CDI kind of a resource: its name, with a segment the CDI parser refuses, or a
+    class that would need spec 0.6.0, replaced by ``x<digest>-<segment>`` so that it starts
+    with a letter, holds no dot in the class and stays unique."""
     vendor, _, cls = resource.partition("/")
-    return f"{_segment(vendor, limit=253)}/{_segment(cls, limit=_CLASS_MAX)}"
+    return (f"{_segment(vendor, _SEGMENT, _NOT_NAME, limit=253)}/"
+            f"{_segment(cls, _CLASS, _NOT_CLASS, limit=_CLASS_MAX)}")
 
 
-def _segment(text: str, *, limit: int) -> str:
-    if len(text) <= limit and _SEGMENT.match(text):
+def _segment(text: str, valid: re.Pattern[str], invalid: re.Pattern[str], *, limit: int) -> str:
+    if len(text) <= limit and valid.match(text):
         return text
     digest = hashlib.sha256(text.encode()).hexdigest()[:10]
-    rest = _NOT_NAME.sub("-", text)[: limit - len(digest) - 2].rstrip("-_.")
+    rest = invalid.sub("-", text)[: limit - len(digest) - 2].rstrip("-_.")
     return f"x{digest}-{rest}" if rest else f"x{digest}"
 
 
@@ -151,8 +165,15 @@ def device_names(devices: DeviceSet) -> dict[str, str]:
     return names
 
 
+def injectable(devices: DeviceSet) -> DeviceSet:
+    """The devices a runtime has something to inject for (see the module docstring)."""
+    return DeviceSet.of(d for d in devices if d.nodes or d.mounts)
+
+
 def spec(resource: str, devices: DeviceSet) -> dict[str, Any] | None:
-    """The CDI spec of one resource; None when it has no device (a spec needs one)."""
+    """The CDI spec of one resource; None when no device has anything to inject (a spec
+    needs a device, and a device needs edits)."""
+    devices = injectable(devices)
     if len(devices) == 0:
         return None
     names = device_names(devices)

@@ -1,0 +1,112 @@
+"""CDI specs read by a real container runtime: what ``serve`` writes, podman injects.
+
+The CDI unit tests check specs against rules written out from the CDI library; this checks
+them against the library itself, as a runtime ships it: the real ``serve`` writes its specs
+into ``/var/run/cdi``, an emulated kubelet allocates, and podman (with runc) starts a
+container with each device named in ``cdi_devices``. Debian 12's podman 4.3.1 is built on CDI
+library v0.5.2, which reads specs up to 0.5.0 and refuses a device with nothing to inject:
+a resource name with a dot in it used to give a 0.6.0 spec that podman answered with
+``unresolvable CDI devices``.
+
+Needs root, podman, runc and a static busybox (the container's root filesystem); skipped
+with the reason where any is missing. ``.ci/run`` installs them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import stat
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from plugin.discovery.backends.fake_sysfs import FakeNode
+from tests.cdi_conformance import check
+
+SPEC_DIR = Path("/var/run/cdi")
+"""One of the two directories a runtime reads specs from."""
+SETTLE = 15.0
+HOST_NODE = Path("/dev/dfl-port.0")
+"""Where a DFL port's node is on the host; the fake tree's port 0 points the spec here."""
+
+
+def missing() -> list[str]:
+    why = []
+    if os.geteuid() != 0:
+        why.append("root")
+    why += [tool for tool in ("podman", "runc") if shutil.which(tool) is None]
+    if not Path("/bin/busybox").exists():
+        why.append("a static busybox at /bin/busybox (Debian busybox-static)")
+    return why
+
+
+pytestmark = pytest.mark.skipif(
+    bool(missing()),
+    reason=f"no container runtime to read CDI specs: missing {', '.join(missing())}")
+
+
+@pytest.fixture
+def rootfs(tmp_path: Path) -> Path:
+    """The smallest root filesystem podman can run a shell in."""
+    root = tmp_path / "rootfs"
+    (root / "bin").mkdir(parents=True)
+    shutil.copy("/bin/busybox", root / "bin" / "busybox")
+    for tool in ("sh", "test", "ls"):
+        (root / "bin" / tool).symlink_to("busybox")
+    return root
+
+
+@pytest.fixture
+def host_node() -> Iterator[Path]:
+    """A character device where the spec says the port's node is (``/dev/null``'s numbers),
+    made for the test and removed after; a node already there is never touched."""
+    if HOST_NODE.exists() or HOST_NODE.is_symlink():
+        pytest.skip(f"{HOST_NODE} exists on this machine; not replacing it")
+    os.mknod(HOST_NODE, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    try:
+        yield HOST_NODE
+    finally:
+        HOST_NODE.unlink(missing_ok=True)
+
+
+def run_in_container(rootfs: Path, device: str, script: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["podman", "--runtime", "runc", "--cgroup-manager", "cgroupfs", "run", "--rm",
+         "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1000:1000", "--network", "none",
+         "--device", device, "--rootfs", str(rootfs), "/bin/sh", "-c", script],
+        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("class_part", ["fpga", "fpga.v2"])
+async def test_podman_injects_what_serve_names(kubelet, plugin, tmp_path, rootfs, host_node,
+                                               class_part):
+    fake = FakeNode(tmp_path / "node")
+    fake.add_dfl_card("0000:3b:00.0")
+    resource = f"e2e-{uuid.uuid4().hex[:8]}.example.com/{class_part}"
+    node = await kubelet("1.32")
+    daemon = plugin(extra=[
+        "--backend", "intel", "--sysfs-root", str(fake.sysfs_root), "--dev-root",
+        str(fake.dev_root), "--resource-name", resource, "--cdi", "--cdi-spec-dir",
+        str(SPEC_DIR), "--device-list-strategy", "cdi"])
+    try:
+        await node.wait_for_devices(resource, timeout=SETTLE)
+        answer = await node.allocate(resource, ["0000:3b:00.0"])
+        [name] = answer.cdi_devices
+        kind = name.partition("=")[0]
+        [written] = [json.loads(p.read_text()) for p in SPEC_DIR.glob("*.json")
+                     if json.loads(p.read_text()).get("kind") == kind]
+        check(written)
+        assert written["cdiVersion"] == "0.5.0"
+        result = await asyncio.to_thread(
+            run_in_container, rootfs, name, f"test -c {host_node}")
+        assert result.returncode == 0, f"podman refused {name}: {result.stderr}"
+    finally:
+        assert await daemon.terminate() == 0
+    assert not [p for p in SPEC_DIR.glob("*.json")
+                if json.loads(p.read_text()).get("kind") == kind], "spec removed on stop"
