@@ -1,4 +1,4 @@
-"""Emulated kubelets (k8s 1.8 .. 1.33) for testing the device plugin against every API."""
+"""Emulated kubelets (k8s 1.8 .. 1.37) for testing the device plugin and DRA driver."""
 
 from compat_tests.kubelet.emulator import KubeletEmulator
 from compat_tests.kubelet.models import MODELS

@@ -36,7 +36,12 @@ from compat_tests.kubelet.results import (
     PluginCallError,
     RegistrationRecord,
 )
-from compat_tests.kubelet.watcher import PluginWatcher
+from compat_tests.kubelet.watcher import (
+    DEVICE_PLUGIN_TYPE,
+    DevicePluginHandler,
+    PluginHandler,
+    PluginWatcher,
+)
 
 log = logging.getLogger(__name__)
 
@@ -156,10 +161,12 @@ class KubeletEmulator:
         server.add_insecure_port(f"unix:{self.socket_path}")
         await server.start()
         self._server = server
+        handlers: dict[str, PluginHandler] = {
+            DEVICE_PLUGIN_TYPE: DevicePluginHandler(self, self.refuse_watcher)}
         if self.plugins_registry is not None and self.model.watches_plugins_registry:
             self.plugins_registry.mkdir(parents=True, exist_ok=True)
             self.watcher = PluginWatcher(self, self.plugins_registry, self.reconcile_period,
-                                         self.refuse_watcher)
+                                         handlers)
             self._spawn(self.watcher.run())
         log.info(
             "kubelet %s (%s) serving %s; removed at start: %s", self.model.name,
