@@ -1,11 +1,12 @@
-"""A kubelet's device-plugin manager, emulated for one Kubernetes version at a time.
+"""A kubelet's device-plugin manager (and DRA manager), emulated for one version at a time.
 
 Tests and the ``demo`` command run the real plugin against this instead of a real kubelet.
 It does what a kubelet does to a plugin, in the order a kubelet does it: wipe the
 directory at start, serve ``kubelet.sock`` with its own generation only, check Register,
 dial back (synchronously for 1.26+), keep one ListAndWatch stream per resource, and call
 Allocate / GetPreferredAllocation / PreStartContainer on demand. Version differences come
-from ``models``; wire shapes from ``translate``.
+from ``models``; wire shapes from ``translate``. With DRA (1.31+, gate on: by default from
+1.34) it also runs the DRA manager of ``dra.py``, reached through the plugin watcher.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import grpc
 
 from api_versions.wire import WireApi
 from compat_tests.kubelet import translate
+from compat_tests.kubelet.dra import DRA_PLUGIN_TYPE, DraConfig, DraManager
+from compat_tests.kubelet.dra_models import FIRST_DRA_MINOR, load_dra_model
 from compat_tests.kubelet.endpoint import PluginEndpoint, go_status
 from compat_tests.kubelet.models import DEFAULT_MODEL, OptionsSource, StreamEnd, load_model
 from compat_tests.kubelet.registration import RegistrationRefused, RegistrationService
@@ -93,6 +96,7 @@ class KubeletEmulator:
         plugins_registry: Path | None = None,
         reconcile_period: float = 1.0,
         refuse_watcher: Callable[[str], str | None] | None = None,
+        dra: DraConfig | None = None,
     ) -> None:
         self.directory = Path(directory)
         self.plugins_registry = Path(plugins_registry) if plugins_registry else None
@@ -101,7 +105,12 @@ class KubeletEmulator:
         self.reconcile_period = reconcile_period
         self.refuse_watcher = refuse_watcher
         self.watcher: PluginWatcher | None = None
+        self.dra_config = dra if dra is not None else DraConfig()
+        """DRA gates and hooks; pass the same object to the next kubelet to keep its checkpoint."""
+        self.dra: DraManager | None = None
+        """The DRA manager while running, if the release (1.31+) and the DRA gate allow."""
         self.model = load_model(model)
+        self.dra_enabled = self._dra_enabled()
         self.wire = WireApi.load(self.model.generation)
         self.dial_timeout = dial_timeout
         self.wipe_at_start = wipe_at_start
@@ -163,6 +172,10 @@ class KubeletEmulator:
         self._server = server
         handlers: dict[str, PluginHandler] = {
             DEVICE_PLUGIN_TYPE: DevicePluginHandler(self, self.refuse_watcher)}
+        if self.dra_enabled:
+            self.dra = DraManager(self.model.name, self.dra_config)
+            await self.dra.start()
+            handlers[DRA_PLUGIN_TYPE] = self.dra
         if self.plugins_registry is not None and self.model.watches_plugins_registry:
             self.plugins_registry.mkdir(parents=True, exist_ok=True)
             self.watcher = PluginWatcher(self, self.plugins_registry, self.reconcile_period,
@@ -205,8 +218,20 @@ class KubeletEmulator:
         for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        dra, self.dra = self.dra, None
+        if dra is not None:
+            await dra.stop()
         self._notify()
         return server is not None
+
+    def _dra_enabled(self) -> bool:
+        """The DynamicResourceAllocation gate: explicit, or the release's default (1.34+)."""
+        gate = self.dra_config.enabled
+        if self.model.minor < FIRST_DRA_MINOR:
+            if gate:
+                raise ValueError(f"kubelet {self.model.name} has no DRA this emulator speaks")
+            return False
+        return gate if gate is not None else load_dra_model(self.model.name).dra_gate_default
 
     async def __aenter__(self) -> KubeletEmulator:
         await self.start()
