@@ -191,3 +191,17 @@ async def test_a_vanished_socket_deregisters_and_wipes_the_drivers_slices_later(
     assert plugin.calls == []
     await kubelet.dra.wait_until(lambda: wiped, what="driver slices wiped")
     assert wiped == [("node-1", DRIVER)]
+
+
+@pytest.mark.parametrize(("model", "left"), [("1.32", 0), ("1.33", 1)])
+async def test_a_replaced_instance_going_away(dra_node, sockdir, model, left):
+    """1.32 deregisters by driver name, so the old socket vanishing drops the new instance
+    too; 1.33+ remove only the instance of that socket."""
+    kubelet = await dra_node(model, enabled=True)
+    first = await dra_node.plugin(endpoint=sockdir / "p1" / "dra.sock", socket_name="one.sock")
+    await registered(kubelet, first)
+    second = await dra_node.plugin(endpoint=sockdir / "p2" / "dra.sock", socket_name="two.sock")
+    await registered(kubelet, second)
+    first.remove_registration_socket()
+    await kubelet.dra.wait_until(lambda: kubelet.dra.deregistrations, what="deregistration")
+    assert kubelet.dra.endpoints(DRIVER) == (str(second.endpoint),) * left
