@@ -23,6 +23,7 @@ from typing import Any
 from compat_tests.kubelet import dra_claims
 from compat_tests.kubelet.dra_models import (
     CALL_TIMEOUT,
+    FIRST_DRA_MINOR,
     HEALTH_RETRY,
     Instances,
     load_dra_model,
@@ -68,6 +69,17 @@ class DraConfig:
     driver_wipe_delay: float | None = None
     """None: the release's delay (none for 1.31-1.32, 30 s from 1.33)."""
     checkpoint: ClaimCheckpoint = field(default_factory=ClaimCheckpoint)
+
+
+def dra_gate(model: str, config: DraConfig) -> bool:
+    """Whether kubelet ``model`` runs DRA: the DynamicResourceAllocation gate as configured,
+    or the release's default (on from 1.34). ValueError if asked of a kubelet before 1.31."""
+    minor = int(model.split(".")[1])
+    if minor < FIRST_DRA_MINOR:
+        if config.enabled:
+            raise ValueError(f"kubelet {model} has no DRA this emulator speaks (1.31+)")
+        return False
+    return config.enabled if config.enabled is not None else load_dra_model(model).dra_gate_default
 
 
 @dataclass

@@ -25,8 +25,7 @@ import grpc
 
 from api_versions.wire import WireApi
 from compat_tests.kubelet import translate
-from compat_tests.kubelet.dra import DRA_PLUGIN_TYPE, DraConfig, DraManager
-from compat_tests.kubelet.dra_models import FIRST_DRA_MINOR, load_dra_model
+from compat_tests.kubelet.dra import DRA_PLUGIN_TYPE, DraConfig, DraManager, dra_gate
 from compat_tests.kubelet.endpoint import PluginEndpoint, go_status
 from compat_tests.kubelet.models import DEFAULT_MODEL, OptionsSource, StreamEnd, load_model
 from compat_tests.kubelet.registration import RegistrationRefused, RegistrationService
@@ -110,7 +109,7 @@ class KubeletEmulator:
         self.dra: DraManager | None = None
         """The DRA manager while running, if the release (1.31+) and the DRA gate allow."""
         self.model = load_model(model)
-        self.dra_enabled = self._dra_enabled()
+        self.dra_enabled = dra_gate(self.model.name, self.dra_config)
         self.wire = WireApi.load(self.model.generation)
         self.dial_timeout = dial_timeout
         self.wipe_at_start = wipe_at_start
@@ -223,15 +222,6 @@ class KubeletEmulator:
             await dra.stop()
         self._notify()
         return server is not None
-
-    def _dra_enabled(self) -> bool:
-        """The DynamicResourceAllocation gate: explicit, or the release's default (1.34+)."""
-        gate = self.dra_config.enabled
-        if self.model.minor < FIRST_DRA_MINOR:
-            if gate:
-                raise ValueError(f"kubelet {self.model.name} has no DRA this emulator speaks")
-            return False
-        return gate if gate is not None else load_dra_model(self.model.name).dra_gate_default
 
     async def __aenter__(self) -> KubeletEmulator:
         await self.start()
