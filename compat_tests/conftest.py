@@ -14,7 +14,9 @@ from typing import Any
 
 import pytest
 
+from compat_tests.fake_dra_plugin import FakeDraPlugin
 from compat_tests.kubelet import KubeletEmulator
+from compat_tests.kubelet.dra import DraConfig
 from compat_tests.plugin_process import PluginProcess
 
 
@@ -65,3 +67,41 @@ def plugin(sockdir: Path, logdir: Path) -> Iterator[Callable[..., PluginProcess]
     yield start
     for process in started:
         process.kill()
+
+
+FAST_DRA = {"health_retry_period": 0.2, "wipe_retry_initial": 0.05}
+"""DRA timings shortened for tests: health retried every 0.2 s (5 s), wipes from 0.05 s (1 s)."""
+
+
+@pytest.fixture
+def plugins_registry(sockdir: Path) -> Path:
+    path = sockdir / "plugins_registry"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+async def dra_node(sockdir: Path, plugins_registry: Path) -> AsyncIterator[Any]:
+    """``await dra_node("1.34", enabled=True, ...)`` starts a kubelet whose DraConfig takes the
+    keywords (or ``config=``); ``await dra_node.plugin(...)`` starts a FakeDraPlugin in its
+    plugins_registry. Everything stops at teardown, in reverse order."""
+    started: list[Any] = []
+
+    class Node:
+        async def __call__(self, model: str, config: DraConfig | None = None,
+                           **knobs: Any) -> KubeletEmulator:
+            config = config or DraConfig(**{**FAST_DRA, **knobs})
+            kubelet = KubeletEmulator(sockdir, model, plugins_registry=plugins_registry,
+                                      reconcile_period=0.05, dra=config)
+            await kubelet.start()
+            started.append(kubelet)
+            return kubelet
+
+        async def plugin(self, **options: Any) -> FakeDraPlugin:
+            fake = await FakeDraPlugin(plugins_registry, **options).start()
+            started.append(fake)
+            return fake
+
+    yield Node()
+    for thing in reversed(started):
+        await thing.stop()

@@ -1,11 +1,12 @@
-"""A kubelet's device-plugin manager, emulated for one Kubernetes version at a time.
+"""A kubelet's device-plugin manager (and DRA manager), emulated for one version at a time.
 
 Tests and the ``demo`` command run the real plugin against this instead of a real kubelet.
 It does what a kubelet does to a plugin, in the order a kubelet does it: wipe the
 directory at start, serve ``kubelet.sock`` with its own generation only, check Register,
 dial back (synchronously for 1.26+), keep one ListAndWatch stream per resource, and call
 Allocate / GetPreferredAllocation / PreStartContainer on demand. Version differences come
-from ``models``; wire shapes from ``translate``.
+from ``models``; wire shapes from ``translate``. With DRA (1.31+, gate on: by default from
+1.34) it also runs the DRA manager of ``dra.py``, reached through the plugin watcher.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import grpc
 
 from api_versions.wire import WireApi
 from compat_tests.kubelet import translate
+from compat_tests.kubelet.dra import DRA_PLUGIN_TYPE, DraConfig, DraManager, dra_gate
 from compat_tests.kubelet.endpoint import PluginEndpoint, go_status
 from compat_tests.kubelet.models import DEFAULT_MODEL, OptionsSource, StreamEnd, load_model
 from compat_tests.kubelet.registration import RegistrationRefused, RegistrationService
@@ -36,7 +38,12 @@ from compat_tests.kubelet.results import (
     PluginCallError,
     RegistrationRecord,
 )
-from compat_tests.kubelet.watcher import PluginWatcher
+from compat_tests.kubelet.watcher import (
+    DEVICE_PLUGIN_TYPE,
+    DevicePluginHandler,
+    PluginHandler,
+    PluginWatcher,
+)
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +95,7 @@ class KubeletEmulator:
         plugins_registry: Path | None = None,
         reconcile_period: float = 1.0,
         refuse_watcher: Callable[[str], str | None] | None = None,
+        dra: DraConfig | None = None,
     ) -> None:
         self.directory = Path(directory)
         self.plugins_registry = Path(plugins_registry) if plugins_registry else None
@@ -96,7 +104,12 @@ class KubeletEmulator:
         self.reconcile_period = reconcile_period
         self.refuse_watcher = refuse_watcher
         self.watcher: PluginWatcher | None = None
+        self.dra_config = dra if dra is not None else DraConfig()
+        """DRA gates and hooks; pass the same object to the next kubelet to keep its checkpoint."""
+        self.dra: DraManager | None = None
+        """The DRA manager while running, if the release (1.31+) and the DRA gate allow."""
         self.model = load_model(model)
+        self.dra_enabled = dra_gate(self.model.name, self.dra_config)
         self.wire = WireApi.load(self.model.generation)
         self.dial_timeout = dial_timeout
         self.wipe_at_start = wipe_at_start
@@ -163,10 +176,16 @@ class KubeletEmulator:
         server.add_insecure_port(f"unix:{self.socket_path}")
         await server.start()
         self._server = server
+        handlers: dict[str, PluginHandler] = {
+            DEVICE_PLUGIN_TYPE: DevicePluginHandler(self, self.refuse_watcher)}
+        if self.dra_enabled:
+            self.dra = DraManager(self.model.name, self.dra_config)
+            await self.dra.start()
+            handlers[DRA_PLUGIN_TYPE] = self.dra
         if self.plugins_registry is not None and self.model.watches_plugins_registry:
             self.plugins_registry.mkdir(parents=True, exist_ok=True)
             self.watcher = PluginWatcher(self, self.plugins_registry, self.reconcile_period,
-                                         self.refuse_watcher)
+                                         handlers)
             self._spawn(self.watcher.run())
         log.info(
             "kubelet %s (%s) serving %s; removed at start: %s", self.model.name,
@@ -205,6 +224,9 @@ class KubeletEmulator:
         for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        dra, self.dra = self.dra, None
+        if dra is not None:
+            await dra.stop()
         self._notify()
         return server is not None
 

@@ -1,15 +1,21 @@
-"""The kubelet's plugin manager, for device plugins: registration without ``kubelet.sock``.
+"""The kubelet's plugin manager: registration through sockets in ``plugins_registry``.
 
 What the kubelet (1.13+, ``pkg/kubelet/pluginmanager``) does with the sockets in its
 ``plugins_registry`` directory, in its order: find every socket (at start, then on each
-reconcile), dial it, call ``GetInfo``; hand a ``DevicePlugin`` to the device manager, which
-validates the name and the offered versions (only ``v1beta1`` is accepted this way), dials
-the endpoint (the socket itself when ``endpoint`` is empty) and opens ListAndWatch; then tell
-the plugin the outcome through ``NotifyRegistrationStatus``. A socket that disappears is
-deregistered. The plugin does nothing after a kubelet restart: the new kubelet finds the
-socket again. A registration that failed (GetInfo unanswered, validation refused, endpoint
-unreachable) is tried again at later reconciles with a doubling delay from 0.5 s, as the
-plugin manager's pending-operations backoff does.
+reconcile; names starting with ``.`` are ignored), dial it, call ``GetInfo`` (1 s); hand it to
+the handler registered for ``PluginInfo.type``, refusing types without one ("no handler
+registered for plugin type"); the handler validates, then registers (the endpoint is the
+socket itself when ``PluginInfo.endpoint`` is empty); then tell the plugin the outcome through
+``NotifyRegistrationStatus``. A socket that disappears is deregistered from its handler. The
+plugin does nothing after a kubelet restart: the new kubelet finds the socket again. A
+registration that failed (GetInfo unanswered, refused, endpoint unreachable) is tried again
+at later reconciles with a doubling delay from 0.5 s, as the plugin manager's
+pending-operations backoff does.
+
+Handlers, like the kubelet's: ``DevicePlugin`` goes to the device manager (only ``v1beta1``,
+validated name, dialled endpoint with ListAndWatch open), ``DRAPlugin`` to the DRA manager
+(``dra.py``) when the kubelet runs DRA. Error wording from k8s.io/kubernetes
+``pkg/kubelet/pluginmanager/operationexecutor/operation_generator.go``.
 """
 
 from __future__ import annotations
@@ -19,8 +25,9 @@ import contextlib
 import logging
 import stat
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 
@@ -53,23 +60,84 @@ def socket_identity(path: Path) -> Identity | None:
     return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
+class PluginHandler(Protocol):
+    """The kubelet's ``cache.PluginHandler``: one per plugin type. Errors are returned as the
+    handler words them; the plugin manager adds its own prefix."""
+
+    def validate(self, name: str, endpoint: str, versions: tuple[str, ...],
+                 socket: str) -> str | None: ...
+
+    async def register(self, name: str, endpoint: str, versions: tuple[str, ...],
+                       socket: str) -> str | None: ...
+
+    def deregister(self, name: str, endpoint: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class WatcherOutcome:
+    """One NotifyRegistrationStatus the plugin manager sent (or would have sent)."""
+
+    socket: str
+    type: str
+    name: str
+    registered: bool
+    error: str
+
+
+class DevicePluginHandler:
+    """The device manager's handler: only v1beta1, an extended resource name, a reachable
+    endpoint whose options can be read; the resource's ListAndWatch stream is then opened."""
+
+    def __init__(self, kubelet: KubeletEmulator,
+                 refuse: Callable[[str], str | None] | None = None) -> None:
+        self.kubelet = kubelet
+        self.refuse = refuse
+        """Test hook: a reason to refuse the named resource, as a device manager could."""
+
+    def validate(self, name: str, endpoint: str, versions: tuple[str, ...],
+                 socket: str) -> str | None:
+        if not is_extended_resource_name(name):
+            return f"invalid name of device plugin socket: {name}"
+        if not any(v in SUPPORTED_VERSIONS for v in versions):
+            return (f"no compatible version in {list(versions)}; the kubelet supports "
+                    f"{list(SUPPORTED_VERSIONS)}")
+        refused = self.refuse(name) if self.refuse is not None else None
+        return refused or None
+
+    async def register(self, name: str, endpoint: str, versions: tuple[str, ...],
+                       socket: str) -> str | None:
+        plugin = PluginEndpoint(self.kubelet.model, self.kubelet.wire, name, Path(endpoint))
+        try:
+            await plugin.dial(self.kubelet.dial_timeout)
+            await plugin.fetch_options()
+        except PluginCallError as exc:
+            await plugin.close()
+            return exc.details
+        await self.kubelet.watcher_plugin_registered(plugin, list(versions))
+        return None
+
+    def deregister(self, name: str, endpoint: str) -> None:
+        self.kubelet.watcher_plugin_gone(name)
+
+
 class PluginWatcher:
-    """Registers the device plugins whose sockets sit in ``registry`` with ``kubelet``."""
+    """Registers the plugins whose sockets sit in ``registry`` with the handler of their type."""
 
     def __init__(self, kubelet: KubeletEmulator, registry: Path, reconcile_period: float,
-                 refuse: Callable[[str], str | None] | None = None) -> None:
+                 handlers: dict[str, PluginHandler]) -> None:
         self.kubelet = kubelet
         self.registry = registry
         self.reconcile_period = reconcile_period
-        self.refuse = refuse
-        """Test hook: a reason to refuse the named resource, as a device manager could."""
+        self.handlers = handlers
         self.wire = WireApi.load("pluginregistration")
         self._seen: dict[Path, Identity] = {}
         """Sockets handled (registered or refused), by the file they were."""
-        self._resources: dict[Path, str] = {}
+        self._registered: dict[Path, tuple[PluginHandler, str, str]] = {}
+        """Registered sockets: their handler, plugin name and endpoint."""
         self._retry: dict[Path, tuple[float, float]] = {}
         """Failed sockets: when to try again, and the delay after that."""
         self.get_info_calls = 0
+        self.outcomes: list[WatcherOutcome] = []
 
     async def run(self) -> None:
         while True:
@@ -80,6 +148,8 @@ class PluginWatcher:
         present = {}
         with contextlib.suppress(OSError):
             for entry in sorted(self.registry.iterdir()):
+                if entry.name.startswith("."):
+                    continue  # "Ignoring file (starts with '.')"
                 ident = socket_identity(entry)
                 if ident is not None:
                     present[entry] = ident
@@ -102,11 +172,12 @@ class PluginWatcher:
     def _deregister(self, path: Path) -> None:
         del self._seen[path]
         self._retry.pop(path, None)
-        resource = self._resources.pop(path, None)
-        if resource is not None:
+        registered = self._registered.pop(path, None)
+        if registered is not None:
+            handler, name, endpoint = registered
             log.info("kubelet %s: plugin socket %s is gone; deregistering %s",
-                     self.kubelet.model.name, path, resource)
-            self.kubelet.watcher_plugin_gone(resource)
+                     self.kubelet.model.name, path, name)
+            handler.deregister(name, endpoint)
 
     async def _register(self, path: Path) -> bool:
         """One registration attempt; whether it succeeded."""
@@ -120,12 +191,11 @@ class PluginWatcher:
                 log.warning("kubelet %s: GetInfo at %s failed: %s", self.kubelet.model.name,
                             path, exc.code().name)
                 return False
-            problem = self._problem(info, path)
-            if problem is None:
-                endpoint = Path(info.endpoint or str(path))
-                problem = await self._connect(info.name, endpoint, list(info.supported_versions))
-            if problem is None:
-                self._resources[path] = info.name
+            problem, handler, endpoint = await self._hand_over(info, path)
+            if problem is None and handler is not None:
+                self._registered[path] = (handler, info.name, endpoint)
+            self.outcomes.append(WatcherOutcome(str(path), info.type, info.name,
+                                                problem is None, problem or ""))
             with contextlib.suppress(grpc.aio.AioRpcError):
                 await client_call(channel, methods["NotifyRegistrationStatus"])(
                     self.wire.new("RegistrationStatus", plugin_registered=problem is None,
@@ -134,31 +204,22 @@ class PluginWatcher:
                 log.warning("kubelet %s: %s", self.kubelet.model.name, problem)
             return problem is None
 
-    def _problem(self, info: Any, path: Path) -> str | None:
-        kind, name, versions = info.type, info.name, list(info.supported_versions)
-        if kind != DEVICE_PLUGIN_TYPE:
+    async def _hand_over(self, info: Any, path: Path
+                         ) -> tuple[str | None, PluginHandler | None, str]:
+        """Validate and register with the handler of the plugin's type; the error sent back."""
+        kind, name = str(info.type), str(info.name)
+        endpoint = str(info.endpoint or path)
+        versions = tuple(str(v) for v in info.supported_versions)
+        handler = self.handlers.get(kind)
+        if handler is None:
             return (f"RegisterPlugin error -- no handler registered for plugin type: {kind} "
-                    f"at socket {path}")
-        if not is_extended_resource_name(name):
-            return f"RegisterPlugin error -- plugin validation failed with err: invalid name " \
-                   f"of device plugin socket: {name}"
-        if not any(v in SUPPORTED_VERSIONS for v in versions):
-            return (f"RegisterPlugin error -- plugin validation failed with err: "
-                    f"no compatible version in {versions}; the kubelet supports "
-                    f"{list(SUPPORTED_VERSIONS)}")
-        refused = self.refuse(name) if self.refuse is not None else None
-        if refused:
-            return f"RegisterPlugin error -- plugin validation failed with err: {refused}"
-        return None
-
-    async def _connect(self, resource: str, endpoint: Path, versions: list[str]) -> str | None:
-        plugin = PluginEndpoint(self.kubelet.model, self.kubelet.wire, resource, endpoint)
-        try:
-            await plugin.dial(self.kubelet.dial_timeout)
-            await plugin.fetch_options()
-        except PluginCallError as exc:
-            await plugin.close()
-            return f"RegisterPlugin error -- plugin registration failed with err: {exc.details}"
-        await self.kubelet.watcher_plugin_registered(plugin, versions)
-        return None
-
+                    f"at socket {path}", None, endpoint)
+        refused = handler.validate(name, endpoint, versions, str(path))
+        if refused is not None:
+            return (f"RegisterPlugin error -- plugin validation failed with err: {refused}",
+                    handler, endpoint)
+        failed = await handler.register(name, endpoint, versions, str(path))
+        if failed is not None:
+            return (f"RegisterPlugin error -- plugin registration failed with err: {failed}",
+                    handler, endpoint)
+        return None, handler, endpoint
