@@ -219,7 +219,7 @@ def _read(backend: Backend, target: Target, obj: dict[str, Any]) -> dict[str, An
 
 
 async def resource_response(backend: Backend, request: web.Request, target: Target,
-                            body: Any) -> web.StreamResponse:
+                            body: Any, entry: LoggedRequest) -> web.StreamResponse:
     info, query, registry = target.info, request.query, backend.registry
     verb, name, namespace = target.verb, target.name, target.namespace
     if info is NODES and verb not in ("get", "list", "watch"):
@@ -234,7 +234,7 @@ async def resource_response(backend: Backend, request: web.Request, target: Targ
     if verb == "watch":
         from compat_tests.apiserver.watch import serve_watch
 
-        return await serve_watch(backend, request, target)
+        return await serve_watch(backend, request, target, entry)
     validation, dry_run = _options(query, backend)
     status = target.subresource == "status"
     if verb == "create" and not name:
@@ -269,7 +269,6 @@ async def handle(backend: Backend, request: web.Request) -> web.StreamResponse:
     """Answer one API request and log it."""
     entry = LoggedRequest(request.method, request.path, dict(request.query))
     backend.requests.append(entry)
-    request["log_entry"] = entry
     try:
         response = await _answer(backend, request, entry)
     except errors.ApiError as err:
@@ -302,4 +301,4 @@ async def _answer(backend: Backend, request: web.Request,
     entry.namespace, entry.name, entry.version = target.namespace or "", target.name, \
         target.version
     gate(backend, request, target, entry)
-    return await resource_response(backend, request, target, body)
+    return await resource_response(backend, request, target, body, entry)

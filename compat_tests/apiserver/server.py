@@ -85,10 +85,11 @@ class ApiServerEmulator:
         if self._control_port is not None:
             from compat_tests.apiserver.control import control_app
 
-            self._control_runner = web.AppRunner(control_app(self), handle_signals=False)
+            self._control_runner = web.AppRunner(control_app(self), handle_signals=False,
+                                                 shutdown_timeout=0.1)
             await self._control_runner.setup()
             site = web.TCPSite(self._control_runner, LOOPBACK, self._control_port,
-                               shutdown_timeout=0.1, reuse_address=True)
+                               reuse_address=True)
             await site.start()
             self._control_port = _bound_port(self._control_runner)
         return self
@@ -149,9 +150,10 @@ class ApiServerEmulator:
         """Listen again on the same port, with the stored objects as they were."""
         if self._runner is not None:
             return
-        runner = web.AppRunner(self._make_app(), handle_signals=False, access_log=None)
+        runner = web.AppRunner(self._make_app(), handle_signals=False, access_log=None,
+                               shutdown_timeout=0.1)
         await runner.setup()
-        site = web.TCPSite(runner, LOOPBACK, self.port, shutdown_timeout=0.1,
+        site = web.TCPSite(runner, LOOPBACK, self.port,
                            ssl_context=self.tls.server_context() if self.tls else None,
                            reuse_address=True)
         await site.start()

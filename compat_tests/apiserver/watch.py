@@ -23,6 +23,7 @@ from compat_tests.apiserver import errors, schema, selectors
 from compat_tests.apiserver.store import CLOSE, TooOld, Watcher
 
 if TYPE_CHECKING:
+    from compat_tests.apiserver.faults import LoggedRequest
     from compat_tests.apiserver.http_api import Backend, Target
 
 _WAIT_FOR_REVISION = 3.0
@@ -58,7 +59,8 @@ async def _start_revision(backend: Backend, requested: str) -> int | None:
     return revision
 
 
-async def serve_watch(backend: Backend, request: web.Request, target: Target) -> web.StreamResponse:
+async def serve_watch(backend: Backend, request: web.Request, target: Target,
+                      entry: LoggedRequest) -> web.StreamResponse:
     query = request.query
     match = selectors.predicate(target.info, target.version, query)
     if target.name:
@@ -89,9 +91,7 @@ async def serve_watch(backend: Backend, request: web.Request, target: Target) ->
     response = web.StreamResponse(status=200, headers={"Content-Type": "application/json",
                                                        "Cache-Control": "no-cache, private"})
     response.enable_chunked_encoding()
-    entry = request.get("log_entry")
-    if entry is not None:
-        entry.status = 200
+    entry.status = 200
     await response.prepare(request)
     try:
         if expired is not None:
