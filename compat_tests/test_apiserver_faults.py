@@ -211,3 +211,23 @@ def test_cli_refuses_a_runtime_config_the_release_does_not_have():
         cwd=Path(__file__).resolve().parent.parent)
     assert result.returncode == 2
     assert "unknown api group version" in result.stderr
+
+
+async def test_unfiltered_failures_hit_discovery_too(api, client):
+    api.faults.fail_next(1, 503)
+    assert (await client.get("/apis")).status == 503
+    api.faults.fail_next(1, 503, resource="resourceslices")
+    assert (await client.get("/apis")).status == 200
+    assert (await client.get(SLICES)).status == 503
+
+
+async def test_deleting_a_node_collects_the_slices_it_owns(api, client):
+    node = api.create_node("node-a")
+    owned = a_slice("owned")
+    owned["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node",
+                                             "name": "node-a", "uid": node["metadata"]["uid"],
+                                             "controller": True}]
+    assert (await client.create(SLICES, owned)).status == 201
+    assert (await client.create(SLICES, a_slice("free"))).status == 201
+    assert api.delete_node("node-a") == ["owned"]
+    assert [s["metadata"]["name"] for s in (await client.get(SLICES)).body["items"]] == ["free"]

@@ -52,8 +52,10 @@ class FailRule:
     message: str = ""
 
     def matches(self, verb: str, resource: str) -> bool:
+        """``resource`` is "" for a non-resource path (discovery, /version): only rules
+        without a resource match it, as a failing load balancer fails every path."""
         return self.remaining > 0 and self.verb in (None, verb) and self.resource in (
-            None, resource, resource.split("/")[0])
+            None, resource or None, resource.split("/")[0] or None)
 
 
 class Faults:

@@ -294,6 +294,9 @@ async def _answer(backend: Backend, request: web.Request,
     if isinstance(target, web.Response):
         return target
     if target is None:
+        injected = backend.faults.take(entry.verb or "get", "")
+        if injected is not None:
+            raise injected
         found = discovery_response(backend, request.path)
         return found if found is not None else page_not_found()
     entry.verb, entry.resource, entry.subresource = target.verb, target.info.name, \

@@ -262,10 +262,23 @@ class ApiServerEmulator:
         node["metadata"].update(uid=str(uuid.uuid4()), creationTimestamp=strategy.now())
         return self.store.commit("nodes", "ADDED", node)
 
-    def delete_node(self, name: str) -> None:
+    def delete_node(self, name: str) -> list[str]:
+        """Delete a Node; like the garbage collector, also delete the objects it owns (a
+        driver's slices name their Node as owner). Returns the names of those objects."""
         node = self.store.get("nodes", None, name)
-        if node is not None:
-            self.store.commit("nodes", "DELETED", node, node)
+        if node is None:
+            return []
+        self.store.commit("nodes", "DELETED", node, node)
+        uid = node["metadata"]["uid"]
+        collected = []
+        for resource in ("resourceslices", "resourceclaims", "deviceclasses"):
+            for obj in self.store.list(resource):
+                owners = obj["metadata"].get("ownerReferences") or []
+                if any(ref.get("uid") == uid for ref in owners):
+                    meta = obj["metadata"]
+                    self.registry.delete(resource, "v1", meta["name"], meta.get("namespace"))
+                    collected.append(meta["name"])
+        return collected
 
     def create(self, obj: Obj, version: str | None = None) -> Obj:
         """Create any object through the HTTP write path (validation included); v1 result."""
