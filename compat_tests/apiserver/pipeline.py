@@ -10,6 +10,7 @@ steps without a server so a test can check any object a driver would send.
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from typing import Any
 
 from compat_tests.apiserver import convert, errors, rules_claim, rules_slice, schema, strategy
@@ -82,14 +83,16 @@ def encode_read(resource: str, version: str, hub: dict[str, Any],
 
 def validate(obj: dict[str, Any], version: str | None = None, *, model: str = "1.36",
              old: dict[str, Any] | None = None, status: bool = False,
-             schema_required: bool = False) -> list[str]:
+             schema_required: bool = False,
+             feature_gates: str | Mapping[str, bool] | None = None) -> list[str]:
     """Every reason a ``model`` server would refuse ``obj`` (empty when it would accept it).
 
     ``version`` defaults to the one in ``obj["apiVersion"]``; the kind comes from ``obj["kind"]``.
     Unknown fields count as errors (a strict server). With ``schema_required`` also lists fields
     the schema calls required that are missing, which a server would default to zero silently.
     ``old`` (same version as ``obj``) makes it an update check, ``status`` a status update.
-    Fields a disabled feature gate drops are not errors: the server drops them silently.
+    Fields a disabled feature gate drops are not errors: the server drops them silently
+    (``feature_gates`` as in ``--feature-gates``), though what is left must still be valid.
     """
     resource = _BY_KIND.get(str(obj.get("kind", "")))
     if resource is None:
@@ -98,7 +101,7 @@ def validate(obj: dict[str, Any], version: str | None = None, *, model: str = "1
     version = version or api_version
     if group != GROUP or version not in SCHEMA_VERSIONS:
         return [f"apiVersion {obj.get('apiVersion')!r} is not a served {GROUP} version"]
-    server = load_model(model, runtime_config={f"{GROUP}/{version}": True})
+    server = load_model(model, {f"{GROUP}/{version}": True}, feature_gates)
     problems: list[str] = []
     if schema_required:
         problems += [f"{path}: Required value (schema)"

@@ -93,6 +93,7 @@ class Registry:
                 obj["spec"].get("driver", ""):
             warnings.append(f"spec.driver: driver names should be lowercase; "
                             f'"{obj["spec"]["driver"]}" contains uppercase characters')
+        obj = strategy.prune_empty(obj)
         stored = obj if dry_run else self.store.commit(resource, "ADDED", obj)
         return self.read(resource, version, stored), warnings
 
@@ -139,6 +140,7 @@ class Registry:
         errs = pipeline.rule_errors(resource, obj, old, model, status=status)
         if errs:
             raise self._invalid(info, name, errs)
+        obj = strategy.prune_empty(obj)
         if obj == old or dry_run:
             return self.read(resource, version, obj), warnings
         if meta.get("deletionTimestamp") and not meta.get("finalizers"):

@@ -153,6 +153,27 @@ def _drop_claim_fields(new: Obj, old: Obj | None, model: ServerModel) -> None:
         as_dict(new.get("status")).pop("devices", None)
 
 
+_RAW = ("parameters", "data")  # runtime.RawExtension: kept byte for byte
+
+
+def prune_empty(value: Any) -> Any:
+    """Drop empty lists and maps, as storing in etcd (protobuf) and reading back does.
+
+    Runs after validation: some rules tell an empty list from an absent one (``bools: []``
+    is an error, ``devices: []`` next to ``sharedCounters`` too), storage does not.
+    """
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            item = item if key in _RAW else prune_empty(item)
+            if key in _RAW or item not in ([], {}):
+                out[key] = item
+        return out
+    if isinstance(value, list):
+        return [prune_empty(item) for item in value]
+    return value
+
+
 def _spec_changed(new: Obj, old: Obj) -> bool:
     return new.get("spec") != old.get("spec")
 
