@@ -56,7 +56,7 @@ def add_control_routes(app: web.Application, api: ApiServerEmulator, prefix: str
                 if asyncio.iscoroutine(result):
                     result = await result
             except errors.ApiError as err:
-                return web.json_response(err.status, status=err.code)
+                return web.json_response(err.status, status=err.code if err.code >= 400 else 400)
             except (KeyError, TypeError, ValueError) as err:
                 return web.json_response({"error": str(err)}, status=400)
             return web.json_response(result if result is not None else {"ok": True})

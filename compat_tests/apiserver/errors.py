@@ -19,10 +19,12 @@ OPTIMISTIC_LOCK = ("the object has been modified; please apply your changes to t
 class ApiError(Exception):
     """A request that ends in a Status; ``headers`` go with it (Retry-After, Warning)."""
 
-    def __init__(self, status: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+    def __init__(self, status: dict[str, Any], headers: dict[str, str] | None = None,
+                 text: str | None = None) -> None:
         super().__init__(status.get("message", ""))
         self.status = status
         self.headers = headers or {}
+        self.text = text  # answered as text/plain instead of a Status (filters do that)
 
     @property
     def code(self) -> int:
@@ -106,9 +108,11 @@ def expired(message: str) -> ApiError:
 
 
 def too_many_requests(retry_after: int) -> ApiError:
-    return ApiError(status(429, "TooManyRequests", "Too many requests, please try again later.",
-                           {"retryAfterSeconds": retry_after}),
-                    {"Retry-After": str(retry_after)})
+    """Priority and fairness (and max-in-flight) reject with plain text, not a Status
+    (apiserver ``pkg/server/filters/priority-and-fairness.go`` tooManyRequests)."""
+    message = "Too many requests, please try again later."
+    return ApiError(status(429, "TooManyRequests", message, {"retryAfterSeconds": retry_after}),
+                    {"Retry-After": str(retry_after)}, text=message + "\n")
 
 
 def service_unavailable(message: str = "the server is currently unable to handle the request"

@@ -75,6 +75,9 @@ def json_response(obj: Any, status: int = 200, warnings: list[str] | None = None
 
 
 def error_response(err: errors.ApiError) -> web.Response:
+    if err.text is not None:
+        return web.Response(status=err.code, text=err.text, headers=err.headers,
+                            content_type="text/plain")
     return json_response(err.status, err.code, headers=err.headers)
 
 
