@@ -105,3 +105,44 @@ async def dra_node(sockdir: Path, plugins_registry: Path) -> AsyncIterator[Any]:
     yield Node()
     for thing in reversed(started):
         await thing.stop()
+
+
+# --- the emulated API server (compat_tests/apiserver) ------------------------------------
+
+
+@pytest.fixture
+async def start_api() -> AsyncIterator[Callable[..., Any]]:
+    """``api, client = await start_api("1.33", runtime_config=...)``: a started emulated API
+    server and a thin client of it; both are stopped at teardown."""
+    from compat_tests.apiserver import ApiServerEmulator
+    from compat_tests.apiserver.client import ApiClient
+
+    started: list[tuple[Any, Any]] = []
+
+    async def start(model: str = "1.36", **options: Any) -> tuple[Any, Any]:
+        api = await ApiServerEmulator(model, **options).start()
+        client = await ApiClient(api.url, api.token, api.ca_file).__aenter__()
+        started.append((api, client))
+        return api, client
+
+    yield start
+    for api, client in reversed(started):
+        await client.__aexit__(None, None, None)
+        await api.stop()
+
+
+@pytest.fixture
+async def api(start_api: Callable[..., Any]) -> Any:
+    """A 1.36 emulated API server serving resource.k8s.io v1, v1beta2 and v1beta1."""
+    server, _ = await start_api(
+        "1.36", runtime_config="resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true")
+    return server
+
+
+@pytest.fixture
+async def client(api: Any) -> AsyncIterator[Any]:
+    """A thin client (compat_tests.apiserver.client) of the ``api`` fixture."""
+    from compat_tests.apiserver.client import ApiClient
+
+    async with ApiClient(api.url, api.token, api.ca_file) as session:
+        yield session
