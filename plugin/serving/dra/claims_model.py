@@ -1,0 +1,45 @@
+"""What the DRA driver knows of a ResourceClaim, whatever API version it was read through.
+
+The kubelet's NodePrepareResources carries only a claim's namespace, name and UID; the
+allocation comes from the API server, where resource.k8s.io v1, v1beta2 and v1beta1 spell it
+alike (``status.allocation.devices.results[]``). The adapters in ``api_versions`` turn a claim
+object of any version into these values, and everything in this package works on them, so no
+wire shape leaks into the driver.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRef:
+    """A claim as the kubelet names it in NodePrepareResources and NodeUnprepareResources."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True, slots=True)
+class AllocationResult:
+    """One allocated device of a claim: ``request`` may be ``<request>/<subrequest>``."""
+
+    request: str
+    driver: str
+    pool: str
+    device: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimAllocation:
+    """A claim as read from the API server; ``results`` is empty when it is not allocated
+    (``allocated`` tells the two apart from an allocation with no device of any driver)."""
+
+    ref: ClaimRef
+    allocated: bool
+    results: tuple[AllocationResult, ...] = ()
+
+    def results_for(self, driver: str) -> tuple[AllocationResult, ...]:
+        """The results this driver prepares; other drivers' devices are theirs."""
+        return tuple(r for r in self.results if r.driver == driver)
