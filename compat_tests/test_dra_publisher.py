@@ -1,0 +1,217 @@
+"""The slice publisher against the emulated API server: what a scheduler would find there.
+
+Each case is something a real cluster does to a driver's ResourceSlices: the kubelet deleting
+them at its start, an API server going down and coming back, upgraded behind the same address
+to serve another resource.k8s.io version, refusing taints, answering 409 or 403. The slices
+built here are small and fixed; the real shapes are tested beside ``api_versions``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from compat_tests.apiserver import ApiServerEmulator, validate
+from compat_tests.apiserver.client import ApiClient
+from plugin.serving.dra.apiserver import ApiRefused, ApiServer, NoResourceApi
+from plugin.serving.dra.publisher import SlicePublisher
+
+NODE = "node-a"
+DRIVER = "accelerator.b-com.com"
+SETTLE = 5.0
+
+
+class Devices:
+    """What the node has: names, and which are unhealthy."""
+
+    def __init__(self, *names: str) -> None:
+        self.names = list(names)
+        self.unhealthy: set[str] = set()
+
+    def build(self, version: str, generation: int, node_uid: str, taints: bool) -> list[dict]:
+        devices = []
+        for name in self.names:
+            if name in self.unhealthy and not taints:
+                continue
+            fields: dict[str, Any] = {"attributes": {"family": {"string": "units"}}}
+            if name in self.unhealthy:
+                fields["taints"] = [{"key": f"{DRIVER}/unhealthy", "effect": "NoSchedule"}]
+            devices.append({"name": name, **({"basic": fields} if version == "v1beta1"
+                                              else fields)})
+        return [{
+            "apiVersion": f"resource.k8s.io/{version}", "kind": "ResourceSlice",
+            "metadata": {"generateName": f"{NODE}-{DRIVER}-", "ownerReferences": [{
+                "apiVersion": "v1", "kind": "Node", "name": NODE, "uid": node_uid,
+                "controller": True}]},
+            "spec": {"driver": DRIVER, "nodeName": NODE, "devices": devices,
+                     "pool": {"name": NODE, "generation": generation, "resourceSliceCount": 1}},
+        }]
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[ApiServerEmulator]:
+    async with ApiServerEmulator("1.36") as api:
+        api.create_node(NODE)
+        yield api
+
+
+@pytest.fixture
+def connect(server: ApiServerEmulator, tmp_path: Path):
+    """A client of the emulated server (``publishing`` closes it)."""
+
+    def make(timeout: float = 2.0) -> ApiServer:
+        return ApiServer.connect(server.write_kubeconfig(tmp_path / "kubeconfig"), timeout)
+
+    return make
+
+
+@contextlib.asynccontextmanager
+async def publishing(api: ApiServer, devices: Devices,
+                     **knobs: Any) -> AsyncIterator[SlicePublisher]:
+    publisher = SlicePublisher(api, NODE, DRIVER, devices.build, backoff_max=0.2, **knobs)
+    task = asyncio.create_task(publisher.run())
+    try:
+        yield publisher
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await api.close()
+
+
+def slices(server: ApiServerEmulator, version: str = "v1") -> list[dict]:
+    return [s for s in server.list("resourceslices", version=version)
+            if s["spec"]["nodeName"] == NODE]
+
+
+def device_names(server: ApiServerEmulator) -> list[str]:
+    return sorted(d["name"] for s in slices(server) for d in s["spec"].get("devices", []))
+
+
+async def until(condition, what: str, timeout: float = SETTLE) -> float:
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    while not condition():
+        if loop.time() - start > timeout:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        await asyncio.sleep(0.01)
+    return loop.time() - start
+
+
+async def test_the_pool_is_published_owned_by_the_node_and_valid(server, connect):
+    devices = Devices("unit-0", "unit-1")
+    async with publishing(connect(), devices):
+        await until(lambda: device_names(server) == ["unit-0", "unit-1"], "published")
+    [published] = slices(server)
+    assert published["metadata"]["ownerReferences"][0]["uid"] == \
+        server.get("nodes", NODE)["metadata"]["uid"]
+    assert published["metadata"]["name"].startswith(f"{NODE}-{DRIVER}-")
+    assert validate(published, "v1") == []
+
+
+async def test_a_change_is_published_under_a_higher_generation(server, connect):
+    devices = Devices("unit-0")
+    async with publishing(connect(), devices) as publisher:
+        await until(lambda: device_names(server) == ["unit-0"], "first")
+        first = slices(server)[0]["spec"]["pool"]["generation"]
+        devices.names.append("unit-1")
+        publisher.devices_changed()
+        await until(lambda: device_names(server) == ["unit-0", "unit-1"], "hot-plugged")
+        [after] = slices(server)
+        assert after["spec"]["pool"]["generation"] > first
+        assert after["metadata"]["name"] == slices(server)[0]["metadata"]["name"], \
+            "the slice is replaced in place, not deleted and created"
+        writes = len(server.find_requests(verb="update", resource="resourceslices"))
+        publisher.devices_changed()  # nothing changed: nothing written
+        await asyncio.sleep(0.3)
+        assert len(server.find_requests(verb="update", resource="resourceslices")) == writes
+
+
+async def test_slices_wiped_at_kubelet_start_are_back_within_a_second(server, connect):
+    devices = Devices("unit-0", "unit-1")
+    async with publishing(connect(), devices):
+        await until(lambda: len(device_names(server)) == 2, "published")
+        async with ApiClient(server.url, server.token, server.ca_file) as kubelet:
+            reply = await kubelet.delete("/apis/resource.k8s.io/v1/resourceslices",
+                                         fieldSelector=f"spec.nodeName={NODE}")
+            assert reply.status == 200
+        assert device_names(server) == []
+        back = await until(lambda: len(device_names(server)) == 2, "republished")
+    assert back < 1.0
+
+
+async def test_a_foreign_slice_of_our_pool_is_removed(server, connect):
+    devices = Devices("unit-0")
+    async with publishing(connect(), devices):
+        await until(lambda: len(slices(server)) == 1, "published")
+        stray = devices.build("v1", 1, server.get("nodes", NODE)["metadata"]["uid"], True)[0]
+        server.create(stray)
+        await until(lambda: len(slices(server)) == 1, "stray removed")
+
+
+async def test_unhealthy_devices_are_tainted_or_left_out_where_taints_are_dropped(tmp_path):
+    for gates, expect_taint in (("DRADeviceTaints=true", True), ("DRADeviceTaints=false", False)):
+        async with ApiServerEmulator("1.36", feature_gates=gates) as server:
+            server.create_node(NODE)
+            devices = Devices("unit-0", "unit-1")
+            devices.unhealthy.add("unit-1")
+            api = ApiServer.connect(server.write_kubeconfig(tmp_path / gates), 2.0)
+            async with publishing(api, devices):
+                if expect_taint:
+                    await until(lambda: len(device_names(server)) == 2, "published, tainted")
+                    [tainted] = [d for d in slices(server)[0]["spec"]["devices"]
+                                 if d["name"] == "unit-1"]
+                    assert tainted["taints"][0]["effect"] == "NoSchedule"
+                else:
+                    await until(lambda: device_names(server) == ["unit-0"], "unhealthy left out")
+
+
+async def test_an_outage_is_ridden_out_and_logged_once(server, connect, caplog):
+    caplog.set_level(logging.INFO, logger="plugin.serving.dra")
+    devices = Devices("unit-0")
+    async with publishing(connect(timeout=0.5), devices) as publisher:
+        await until(lambda: len(device_names(server)) == 1, "published")
+        await server.go_down()
+        devices.names.append("unit-1")
+        publisher.devices_changed()
+        await asyncio.sleep(1.5)
+        await server.come_back()
+        await until(lambda: len(device_names(server)) == 2, "published after the outage")
+    warnings = [r for r in caplog.records if "cannot publish" in r.getMessage()]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    assert any("answers again" in r.getMessage() for r in caplog.records)
+
+
+async def test_an_upgraded_server_is_spoken_to_in_its_version(tmp_path):
+    async with ApiServerEmulator("1.33", runtime_config="resource.k8s.io/v1beta1=true") as server:
+        server.create_node(NODE)
+        api = ApiServer.connect(server.write_kubeconfig(tmp_path / "kc"), 2.0)
+        devices = Devices("unit-0")
+        async with publishing(api, devices) as publisher:
+            await until(lambda: len(slices(server, "v1beta1")) == 1, "published in v1beta1")
+            assert api.version == "v1beta1"
+            await server.restart("1.36")
+            devices.names.append("unit-1")
+            publisher.devices_changed()
+            await until(lambda: api.version == "v1" and len(device_names(server)) == 2,
+                        "published through v1 after the upgrade")
+
+
+async def test_no_resource_api_and_forbidden_are_told_apart(tmp_path):
+    async with ApiServerEmulator("1.33") as server:  # resource.k8s.io not served by default
+        api = ApiServer.connect(server.write_kubeconfig(tmp_path / "kc"), 2.0)
+        with pytest.raises(NoResourceApi):
+            await api.resource_version()
+        await api.close()
+    async with ApiServerEmulator("1.36") as server:
+        server.faults.deny("get", "resourceclaims")
+        api = ApiServer.connect(server.write_kubeconfig(tmp_path / "kc2"), 2.0)
+        with pytest.raises(ApiRefused, match="403"):
+            await api.get_claim("default", "c")
+        await api.close()

@@ -1,0 +1,261 @@
+"""The API server as the DRA driver needs it: a handful of calls in one resource.k8s.io version.
+
+Imported only when DRA is served, so a device-plugin-only node never loads the client library
+(the daemon imports this package lazily). The library is lightkube: made for the Kubernetes
+API, asyncio-native, generic resources for any group and version (the driver works on plain
+dicts built in ``api_versions``, so generated models would only cost memory), field-selected
+list and watch, a typed error carrying the server's Status, and a service-account token read
+again when the server answers 401 (bound tokens rotate under a running pod).
+
+Which version: v1, then v1beta2, then v1beta1, moving on at 404, as the Go helper's client
+does; the answer is remembered, and a 404 later (an API server upgraded or downgraded behind
+the same address) forgets it so the next call finds it again. Every failure becomes one of
+a few kinds the callers act on: :class:`ApiUnavailable` (connection refused, timeout, 5xx,
+429: retry with back-off), :class:`ApiRefused` (401, 403, 400, 422: the server said no, and
+why), :class:`Conflict` (409), :class:`Gone` (410: watch again from a fresh list),
+:class:`NotFound`, :class:`NoResourceApi` (no version this driver speaks is served).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx2
+from lightkube import ApiError, AsyncClient, KubeConfig
+from lightkube.core.exceptions import ConfigError
+from lightkube.generic_resource import create_global_resource, create_namespaced_resource
+
+log = logging.getLogger(__name__)
+
+RESOURCE_GROUP = "resource.k8s.io"
+SPOKEN_VERSIONS = ("v1", "v1beta2", "v1beta1")
+"""Newest first: the order in which the server is asked."""
+REQUEST_TIMEOUT = 10.0
+"""Seconds for one call; a watch's stream has no read timeout (the server ends it)."""
+FIELD_MANAGER = "accelerator-device-plugin"
+
+
+class ApiFailure(Exception):
+    """A call to the API server that did not do what was asked."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ApiUnavailable(ApiFailure):
+    """Down, slow, overloaded or failing: worth trying again later."""
+
+
+class ApiRefused(ApiFailure):
+    """The server understood and said no (credentials, RBAC, validation)."""
+
+
+class NotFound(ApiFailure):
+    def __init__(self, message: str, unserved: bool = False) -> None:
+        super().__init__(message, 404)
+        self.unserved = unserved
+        """True when the path itself is not served (a version the server lacks), not an
+        object that does not exist."""
+
+
+class Conflict(ApiFailure):
+    """Someone else changed the object since it was read (409)."""
+
+
+class Gone(ApiFailure):
+    """A watch's resourceVersion is too old (410): list again."""
+
+
+class NoResourceApi(ApiFailure):
+    """The server serves none of the resource.k8s.io versions this driver speaks."""
+
+
+def load_config(kubeconfig: Path | None) -> KubeConfig:
+    """``--kubeconfig`` when given; in a pod, its service account (token, CA, and
+    ``KUBERNETES_SERVICE_HOST``/``PORT``)."""
+    try:
+        if kubeconfig is not None:
+            return KubeConfig.from_file(kubeconfig)
+        return KubeConfig.from_service_account()
+    except (ConfigError, OSError, KeyError, ValueError) as exc:
+        where = str(kubeconfig) if kubeconfig else "the pod's service account"
+        raise ApiRefused(f"cannot use {where} to reach the API server: {exc}") from exc
+
+
+class ApiServer:
+    """The calls the driver makes, in the resource.k8s.io version the server serves."""
+
+    def __init__(self, config: KubeConfig, timeout: float = REQUEST_TIMEOUT) -> None:
+        self._client = AsyncClient(config, timeout=httpx2.Timeout(timeout),
+                                   field_manager=FIELD_MANAGER)
+        self._version: str | None = None
+        self._resources: dict[tuple[str, str], Any] = {}
+
+    @classmethod
+    def connect(cls, kubeconfig: Path | None, timeout: float = REQUEST_TIMEOUT) -> ApiServer:
+        return cls(load_config(kubeconfig), timeout)
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    @property
+    def version(self) -> str | None:
+        """The resource.k8s.io version found last, None before the first call."""
+        return self._version
+
+    async def resource_version(self) -> str:
+        """The newest spoken version the server serves, found once and remembered."""
+        if self._version is not None:
+            return self._version
+        for version in SPOKEN_VERSIONS:
+            try:
+                async for _ in _guard(self._client.list(self._slices(version), chunk_size=1),
+                                      lambda: None):
+                    break
+            except NotFound:
+                continue
+            if self._version != version:
+                log.info("API server serves resource.k8s.io/%s; using it", version)
+            self._version = version
+            return version
+        raise NoResourceApi(f"the API server serves none of resource.k8s.io "
+                            f"{', '.join(SPOKEN_VERSIONS)} (DRA not enabled there?)", 404)
+
+    async def node_uid(self, node: str) -> str:
+        found = await self._call(self._client.get(_NODE, node))
+        return str(found.metadata.uid)
+
+    async def list_slices(self, selector: dict[str, str]) -> tuple[list[dict[str, Any]], str]:
+        """The slices the field ``selector`` picks, and the list's resourceVersion."""
+        version = await self.resource_version()
+        listing = self._client.list(self._slices(version), fields=selector)
+        items = [_plain(o) async for o in _guard(listing, self._forget_on_404)]
+        return items, str(listing.resourceVersion)
+
+    async def watch_slices(
+        self, selector: dict[str, str], resource_version: str,
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """Changes to the selected slices after ``resource_version``; ends when the server
+        ends the stream; raises :class:`Gone` when the version is too old."""
+        version = await self.resource_version()
+        events = self._client.watch(self._slices(version), fields=selector,
+                                    resource_version=resource_version)
+        async for kind, obj in _guard(events, self._forget_on_404):
+            yield kind, _plain(obj)
+
+    async def create_slice(self, obj: dict[str, Any]) -> dict[str, Any]:
+        resource = self._slices(_version_of(obj))
+        return _plain(await self._call(self._client.create(resource(obj))))
+
+    async def replace_slice(self, obj: dict[str, Any]) -> dict[str, Any]:
+        resource = self._slices(_version_of(obj))
+        return _plain(await self._call(self._client.replace(resource(obj))))
+
+    async def delete_slice(self, name: str) -> None:
+        version = await self.resource_version()
+        with contextlib.suppress(NotFound):  # gone already: what was wanted
+            await self._call(self._client.delete(self._slices(version), name))
+
+    async def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        version = await self.resource_version()
+        resource = self._resource(version, "ResourceClaim", "resourceclaims", namespaced=True)
+        return _plain(await self._call(self._client.get(resource, name, namespace=namespace)))
+
+    async def device_classes(self) -> list[dict[str, Any]]:
+        version = await self.resource_version()
+        resource = self._resource(version, "DeviceClass", "deviceclasses")
+        listing = self._client.list(resource)
+        return [_plain(o) async for o in _guard(listing, self._forget_on_404)]
+
+    def _slices(self, version: str) -> Any:
+        return self._resource(version, "ResourceSlice", "resourceslices")
+
+    def _resource(self, version: str, kind: str, plural: str, namespaced: bool = False) -> Any:
+        key = (version, kind)
+        if key not in self._resources:
+            make = create_namespaced_resource if namespaced else create_global_resource
+            self._resources[key] = make(RESOURCE_GROUP, version, kind, plural)
+        return self._resources[key]
+
+    def _forget_on_404(self) -> None:
+        if self._version is not None:
+            log.info("API server no longer serves resource.k8s.io/%s; looking again",
+                     self._version)
+        self._version = None
+
+    async def _call(self, awaitable: Any) -> Any:
+        try:
+            return await awaitable
+        except Exception as exc:
+            failure = translate(exc)
+            if isinstance(failure, NotFound) and failure.unserved:
+                self._forget_on_404()
+            raise failure from exc
+
+
+_NODE = create_global_resource("", "v1", "Node", "nodes")
+
+
+async def _guard(stream: Any, on_unserved: Any) -> AsyncIterator[Any]:
+    """Iterate a lightkube list or watch, translating its failures."""
+    try:
+        async for item in stream:
+            yield item
+    except Exception as exc:
+        failure = translate(exc)
+        if isinstance(failure, NotFound) and failure.unserved:
+            on_unserved()
+        raise failure from exc
+
+
+def translate(exc: BaseException) -> ApiFailure:
+    """One of this module's failures for anything the client library raised."""
+    if isinstance(exc, ApiFailure):
+        return exc
+    if isinstance(exc, ApiError):
+        code = int(exc.status.code or 0)
+        reason = str(exc.status.reason or "")
+        message = str(exc.status.message or reason or exc)
+        return _by_status(code, message, reason)
+    if isinstance(exc, httpx2.HTTPStatusError):
+        # Not a Status object: a path the server does not serve ("404 page not found"),
+        # or an overload answer in plain text (429 with Retry-After).
+        text = exc.response.text.strip()[:200]
+        return _by_status(exc.response.status_code, text or exc.response.reason_phrase, "",
+                          unserved=exc.response.status_code == 404)
+    if isinstance(exc, httpx2.TimeoutException):
+        return ApiUnavailable(f"API server did not answer in time ({type(exc).__name__})")
+    if isinstance(exc, (httpx2.TransportError, OSError)):
+        return ApiUnavailable(f"API server unreachable: {exc or type(exc).__name__}")
+    return ApiUnavailable(f"API server call failed: {type(exc).__name__}: {exc}")
+
+
+def _by_status(code: int, message: str, reason: str, unserved: bool = False) -> ApiFailure:
+    if code == 404:
+        return NotFound(message, unserved=unserved)
+    if code == 409:
+        return Conflict(message, code)
+    if code == 410:
+        return Gone(message, code)
+    if code in (400, 401, 403, 422):
+        return ApiRefused(f"{code} {reason}: {message}".replace(" :", ":"), code)
+    return ApiUnavailable(f"{code} {reason}: {message}".replace(" :", ":"), code)
+
+
+def _plain(obj: Any) -> dict[str, Any]:
+    return obj.to_dict() if hasattr(obj, "to_dict") else dict(obj)
+
+
+def _version_of(obj: dict[str, Any]) -> str:
+    return str(obj["apiVersion"]).rpartition("/")[2]
+
+
+__all__: Sequence[str] = (
+    "ApiFailure", "ApiRefused", "ApiServer", "ApiUnavailable", "Conflict", "Gone",
+    "NoResourceApi", "NotFound", "load_config", "translate",
+)

@@ -1,0 +1,196 @@
+"""One reconciler makes the API server's ResourceSlices of this node agree with its devices.
+
+What should be published is a pure function of the devices (``build``, from ``api_versions``);
+this loop only makes it so, against whatever happens to the slices meanwhile:
+
+* the devices change (hot-plug, health): the pool is published again under a higher
+  ``pool.generation``, so the scheduler never mixes two views of the node;
+* the kubelet deletes every slice of its node at each start (and the driver's once its last
+  registration is gone): the watch sees the deletions and the pool is back within
+  milliseconds, not at the next resync;
+* someone else changes or adds a slice with our driver and node: ours are written again,
+  theirs deleted (one pool, one writer);
+* the server drops device taints (DRADeviceTaints off): seen in what it stored, after which
+  unhealthy devices are left out instead, so the scheduler never picks them;
+* the API server is down, slow, refusing or serves another version after an upgrade:
+  retried with back-off, each state logged once, and the version found again.
+
+A slice is rewritten only when what this driver would write differs from what it wrote last,
+or when the stored object is not the one it wrote (its resourceVersion moved): the server
+rewrites some values as it stores them (quantities, defaults), so comparing against what it
+stored would rewrite for ever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from api_versions.k8s_objects import (
+    KubeObject,
+    as_replacement,
+    name_of,
+    pool_generation_of,
+    resource_version_of,
+    taints_kept,
+)
+from plugin.serving.dra.apiserver import ApiFailure, ApiServer, Conflict, Gone
+
+log = logging.getLogger(__name__)
+
+Build = Callable[[str, int, str, bool], list[KubeObject]]
+"""``(resource.k8s.io version, pool generation, node UID, taints kept)`` -> the slices, unnamed."""
+
+BACKOFF_INITIAL = 0.2
+BACKOFF_MAX = 30.0
+
+
+class SlicePublisher:
+    """Keeps one pool (this driver on this node) published; see the module docstring."""
+
+    def __init__(self, api: ApiServer, node: str, driver: str, build: Build, *,
+                 backoff_max: float = BACKOFF_MAX) -> None:
+        self._api = api
+        self.node = node
+        self.driver = driver
+        self._build = build
+        self._backoff_max = backoff_max
+        self._selector = {"spec.nodeName": node, "spec.driver": driver}
+        self._wanted = asyncio.Event()
+        self._wanted.set()
+        self._written: dict[str, str] = {}
+        """Name -> resourceVersion the server gave our last write of that slice."""
+        self._last_content: list[KubeObject] | None = None
+        self._last_version: str | None = None
+        self._generation = 0
+        self._taints = True
+        self._node_uid: str | None = None
+        self._state = ""
+        self.publications = 0
+        """How many times the pool was (re)published: for status lines and tests."""
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    def devices_changed(self) -> None:
+        """The devices (or their health) changed: publish again."""
+        self._wanted.set()
+
+    async def run(self) -> None:
+        """Publish and keep published until cancelled; never raises for the server's sake."""
+        watcher = asyncio.create_task(self._watch(), name="resource slice watch")
+        try:
+            await self._reconcile_forever()
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+
+    async def withdraw(self) -> None:
+        """Delete this pool's slices (the driver is going away for good)."""
+        for name in list(self._written):
+            with contextlib.suppress(ApiFailure):
+                await self._api.delete_slice(name)
+        self._written.clear()
+
+    async def _reconcile_forever(self) -> None:
+        delay = BACKOFF_INITIAL
+        while True:
+            await self._wanted.wait()
+            self._wanted.clear()
+            try:
+                await self._reconcile()
+            except Conflict:
+                self._wanted.set()  # someone wrote in between: read again at once
+                continue
+            except ApiFailure as failure:
+                self._say(f"cannot publish the devices of {self.node}: {failure}; retrying",
+                          logging.WARNING)
+                self._node_uid = None if failure.status in (404, None) else self._node_uid
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self._backoff_max)
+                self._wanted.set()
+                continue
+            if self._state:
+                log.info("the API server answers again; the devices of %s are published",
+                         self.node)
+                self._state = ""
+            delay = BACKOFF_INITIAL
+
+    async def _reconcile(self) -> None:
+        version = await self._api.resource_version()
+        if self._node_uid is None:
+            self._node_uid = await self._api.node_uid(self.node)
+        content = self._build(version, 0, self._node_uid, self._taints)
+        existing, _ = await self._api.list_slices(self._selector)
+        stored = {name_of(o): resource_version_of(o) for o in existing}
+        if (content == self._last_content and version == self._last_version
+                and stored == self._written):
+            return
+        self._generation = max([self._generation, *map(pool_generation_of, existing)]) + 1
+        wanted = self._build(version, self._generation, self._node_uid, self._taints)
+        existing.sort(key=name_of)
+        written: dict[str, str] = {}
+        for index, obj in enumerate(wanted):
+            if index < len(existing):
+                old = existing[index]
+                stored_obj = await self._api.replace_slice(
+                    as_replacement(obj, name_of(old), resource_version_of(old)))
+            else:
+                stored_obj = await self._api.create_slice(obj)
+            written[name_of(stored_obj)] = resource_version_of(stored_obj)
+            self._written = dict(written)
+            if self._taints and not taints_kept(obj, stored_obj):
+                log.warning("the API server dropped device taints (DRADeviceTaints off); "
+                            "unhealthy devices are left out of the slices instead")
+                self._taints = False
+                self._wanted.set()
+        for extra in existing[len(wanted):]:
+            await self._api.delete_slice(name_of(extra))
+        self._written = written
+        self._last_content = content
+        self._last_version = version
+        self.publications += 1
+        log.info("published %d device slice(s) of %s as pool generation %d "
+                 "(resource.k8s.io/%s)", len(wanted), self.node, self._generation, version)
+
+    async def _watch(self) -> None:
+        """Wake the reconciler when a slice of ours is deleted or changed by someone else."""
+        delay = BACKOFF_INITIAL
+        while True:
+            try:
+                items, resource_version = await self._api.list_slices(self._selector)
+                self._notice({name_of(o): resource_version_of(o) for o in items})
+                delay = BACKOFF_INITIAL
+                async for kind, obj in self._api.watch_slices(self._selector, resource_version):
+                    self._notice_event(kind, obj)
+            except Gone:
+                continue  # too old: list again and go on from there
+            except ApiFailure as failure:
+                log.debug("slice watch: %s; watching again in %.1f s", failure, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self._backoff_max)
+
+    def _notice(self, stored: dict[str, str]) -> None:
+        if stored != self._written:
+            self._wanted.set()
+
+    def _notice_event(self, kind: str, obj: Any) -> None:
+        name = name_of(obj)
+        if kind == "DELETED":
+            if name in self._written:
+                log.info("slice %s was deleted (kubelet start?); publishing again", name)
+                self._wanted.set()
+        elif kind in ("ADDED", "MODIFIED") and self._written.get(name) != \
+                resource_version_of(obj):
+            self._wanted.set()
+
+    def _say(self, state: str, level: int) -> None:
+        """Log a failing state once, not at every retry."""
+        if state != self._state:
+            self._state = state
+            log.log(level, state)
