@@ -66,6 +66,12 @@ def test_environment_sets_defaults_and_flags_win(monkeypatch: pytest.MonkeyPatch
         (["serve", "--resource-mode", "afu", "--backend", "none"], {},
          "--backend auto, intel, alveo"),
         (["discover", "--resource-mode", "afu", "--backend", "aws"], {}, "aws backend"),
+        (["serve", "--api", "dri"], {}, "invalid choice"),
+        (["serve", "--api", "dra"], {}, "needs --node-name"),
+        (["serve", "--node-name", "Node_1"], {}, "not a DNS subdomain"),
+        (["serve", "--dra-driver-name", "a" * 40 + ".b" * 15], {}, "63 characters"),
+        (["serve", "--api", "auto"], {"NODE_NAME": "-bad-"}, "not a DNS subdomain"),
+        (["serve", "--api", "dra", "--node-name", "node-1"], {}, "cannot serve DRA yet"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(args, env, words) -> None:
@@ -124,3 +130,14 @@ def test_a_missing_sysfs_root_is_warned_about_but_not_fatal(tmp_path: Path) -> N
     assert result.returncode == 0
     assert f"--sysfs-root {missing} is not a directory" in result.stderr
     assert "(no accelerators found)" in result.stdout
+
+
+def test_dra_settings_default_to_the_downward_api(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NODE_NAME", "node-7.example")
+    settings = parse(["serve"])
+    assert settings.api == "device-plugin"
+    assert settings.node_name == "node-7.example"
+    assert settings.dra_driver_name == "accelerator.b-com.com"
+    assert settings.kubeconfig is None and settings.dra_state_dir is None
+    monkeypatch.setenv("ACCELERATOR_DP_NODE_NAME", "node-8")
+    assert parse(["serve", "--kubeconfig", "/k"]).node_name == "node-8"

@@ -31,6 +31,9 @@ DEFAULT_GENERATIONS = ("v1beta1", "v1alpha2", "v1alpha1")
 BACKEND_CHOICES = ("auto", "intel", "aws", "alveo", "units", "none")
 RESOURCE_MODES = ("single", "afu")
 DEMO_NODES = ("intel", "mixed")
+API_CHOICES = ("device-plugin", "dra", "auto")
+DEFAULT_DRA_DRIVER = "accelerator.b-com.com"
+KUBELET_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,12 @@ class Settings:
     log_format: str = "text"
     json_output: bool = False
     demo_node: str = "intel"
+    api: str = "device-plugin"
+    node_name: str | None = None
+    dra_driver_name: str = DEFAULT_DRA_DRIVER
+    dra_state_dir: Path | None = None
+    """None: ``/var/lib/kubelet/plugins/<driver name>``."""
+    kubeconfig: Path | None = None
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 
 
@@ -173,6 +182,26 @@ def _resource_name(text: str) -> str:
     return text
 
 
+def _dns_subdomain(text: str) -> str:
+    """A node or DRA driver name: what the API server accepts for either."""
+    labels = text.split(".")
+    if not text or len(text) > 253 or not all(
+            label and len(label) <= 63 and label.isascii() and label.replace("-", "").isalnum()
+            and label == label.lower() and label[0] != "-" and label[-1] != "-"
+            for label in labels):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a DNS subdomain (lower-case letters, digits, '-' and '.')")
+    return text
+
+
+def _driver_name(text: str) -> str:
+    text = _dns_subdomain(text)
+    if len(text) > 63:
+        raise argparse.ArgumentTypeError(f"{text!r} is longer than the 63 characters a DRA "
+                                         "driver name may have")
+    return text
+
+
 def _resource_prefix(text: str) -> str:
     from plugin.model.resources import prefix_problem
 
@@ -265,6 +294,22 @@ def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
                  "kubelet.sock otherwise, decided anew for each kubelet")
     env.add("--plugins-registry-dir", default=DEFAULT_REGISTRY, convert=Path,
             help="the kubelet's plugin-watcher directory")
+    env.add("--api", default="device-plugin", choices=API_CHOICES,
+            help="how the node's kubelet gets the devices: device-plugin (every kubelet), "
+                 "dra (Dynamic Resource Allocation: ResourceSlices in the API server and the "
+                 "kubelet's DRA service, 1.32+), or auto (DRA where the kubelet, the API "
+                 "server and a DeviceClass allow it, the device plugin otherwise)")
+    env.add("--node-name", default=os.environ.get("NODE_NAME") or None,
+            convert=_dns_subdomain,
+            help="this node's name, for DRA (default: $NODE_NAME, which the DaemonSet sets "
+                 "from the downward API)")
+    env.add("--dra-driver-name", default=DEFAULT_DRA_DRIVER, convert=_driver_name,
+            help="the DRA driver name in ResourceSlices, claims and DeviceClasses")
+    env.add("--dra-state-dir", default=None, convert=Path,
+            help="where the DRA driver keeps its claim checkpoint (default "
+                 f"{KUBELET_PLUGINS_DIR}/<driver name>)")
+    env.add("--kubeconfig", default=None, convert=Path,
+            help="kubeconfig for the API server (DRA); in a pod, its service account is used")
     env.add("--cdi", default=False, convert=_bool, nargs="?", const=True,
             help="write a CDI spec per resource and name allocated devices in cdi_devices "
                  "(kubelets 1.28+); needs a runtime with CDI enabled (containerd 1.7+, "
@@ -385,6 +430,13 @@ def settings_problem(settings: Settings) -> str | None:
             "v1beta1" not in settings.api_versions:
         return ("--registration plugin-watcher registers v1beta1 only; add it to "
                 "--api-versions or use --registration kubelet-socket or auto")
+    if settings.command == "serve" and settings.api != "device-plugin" and \
+            not settings.node_name:
+        return (f"--api {settings.api} needs --node-name (or NODE_NAME from the downward "
+                "API): slices and claims are per node")
+    if settings.command == "serve" and settings.api != "device-plugin":
+        return (f"--api {settings.api}: this build cannot serve DRA yet (its driver is not "
+                "wired into serve); use --api device-plugin")
     if settings.command == "serve":
         return socket_path_problem(settings)
     return None
