@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from api_versions.retry import RetryPolicy
-from plugin.model.resource_names import resource_name_problem
+from plugin.model.resource_names import dns_subdomain_problem, resource_name_problem
 from plugin.serving.cdi import DEFAULT_SPEC_DIR
 from plugin.serving.cdi import STRATEGIES as CDI_STRATEGIES
 from plugin.serving.deviceplugin.channels import DEFAULT_REGISTRY
@@ -184,13 +184,9 @@ def _resource_name(text: str) -> str:
 
 def _dns_subdomain(text: str) -> str:
     """A node or DRA driver name: what the API server accepts for either."""
-    labels = text.split(".")
-    if not text or len(text) > 253 or not all(
-            label and len(label) <= 63 and label.isascii() and label.replace("-", "").isalnum()
-            and label == label.lower() and label[0] != "-" and label[-1] != "-"
-            for label in labels):
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a DNS subdomain (lower-case letters, digits, '-' and '.')")
+    problem = dns_subdomain_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
     return text
 
 
