@@ -381,3 +381,36 @@ def test_a_device_model_unhealthy_flag_reaches_the_pool() -> None:
 def test_digest_heads_only_use_label_characters() -> None:
     name = device_name("Ünïcode ID/with:odd.chars " + string.punctuation)
     assert is_dns_label(name) and name.startswith("dev-")
+
+
+@pytest.mark.parametrize(("attributes", "capacity", "problem"), [
+    ({"afu-id": AttributeValue.string("x")}, {}, "not a qualified name"),
+    ({"Example.com/afuID": AttributeValue.string("x")}, {}, "not a qualified name"),
+    ({"a/b/c": AttributeValue.string("x")}, {}, "not a qualified name"),
+    ({"x" * 33: AttributeValue.string("x")}, {}, "not a qualified name"),
+    ({}, {"memory": "8 GiB"}, "not a quantity"),
+    ({f"a{i}": AttributeValue.integer(i) for i in range(30)}, {"b": "1", "c": "2", "d": "3"},
+     "more than 32"),
+])
+def test_a_device_the_server_would_refuse_cannot_be_made(attributes, capacity,
+                                                         problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        DraDevice(name="pci-0000-5e-00-0", device_id="0000:5e:00.0", attributes=attributes,
+                  capacity=capacity)
+
+
+def test_a_device_the_server_accepts() -> None:
+    device = DraDevice(name="unit-0", device_id="0", capacity={"memory": "8Gi", "lanes": "16"},
+                       attributes={"resource.kubernetes.io/numaNode": AttributeValue.integer(0),
+                                   "_x1": AttributeValue.boolean(True)})
+    assert list(device.capacity) == ["lanes", "memory"]
+    with pytest.raises(TypeError):
+        device.attributes["family"] = AttributeValue.string("x")  # type: ignore[index]
+
+
+def test_a_string_that_cannot_be_sent_is_left_out() -> None:
+    device = Device(id="0000:17:00.1", backend="alveo",
+                    attributes=(("shell", "xilinx_\udcff"), ("driver", "xocl")))
+    assert "shell" not in attributes_of(device)
+    with pytest.raises(ValueError, match="UTF-8"):
+        AttributeValue.string("\udcff")

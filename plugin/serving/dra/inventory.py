@@ -118,6 +118,13 @@ _SEMVER = re.compile(
     r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
     r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
     r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$")
+_C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_QUANTITY = re.compile(r"^[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
+                       r"(?:[eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE])?$")
+MAX_IDENTIFIER = 32
+MAX_ATTRIBUTES = 32
+"""Attributes and capacities of one device together, at most
+(``ResourceSliceMaxAttributesAndCapacitiesPerDevice``)."""
 DIGEST_HEX = 12
 
 
@@ -167,7 +174,11 @@ def _value_problem(kind: AttributeKind, value: object) -> str:
         return "" if INT64[0] <= value <= INT64[1] else "outside int64"
     if not isinstance(value, str):
         return "not a string"
-    if len(value.encode()) > MAX_STRING_BYTES:
+    try:
+        size = len(value.encode())
+    except UnicodeEncodeError:
+        return "not valid UTF-8"
+    if size > MAX_STRING_BYTES:
         return f"longer than {MAX_STRING_BYTES} bytes"
     if kind is AttributeKind.VERSION and not _SEMVER.match(value):
         return "not a semantic version (semver.org 2.0.0)"
@@ -193,6 +204,15 @@ class DraDevice:
     def __post_init__(self) -> None:
         if not is_dns_label(self.name):
             raise ValueError(f"device {self.device_id!r}: name {self.name!r} is not a DNS label")
+        problems = [f"{name!r} is not a qualified name" for name in (*self.attributes,
+                                                                       *self.capacity)
+                    if not is_qualified_name(name)]
+        problems += [f"capacity {name} = {value!r} is not a quantity"
+                     for name, value in self.capacity.items() if not _QUANTITY.match(value)]
+        if len(self.attributes) + len(self.capacity) > MAX_ATTRIBUTES:
+            problems.append(f"more than {MAX_ATTRIBUTES} attributes and capacities")
+        if problems:
+            raise ValueError(f"device {self.device_id!r}: {'; '.join(problems)}")
         object.__setattr__(self, "attributes", _frozen(self.attributes))
         object.__setattr__(self, "capacity", _frozen(self.capacity))
 
@@ -226,6 +246,16 @@ class Pool:
 
 def is_dns_label(name: str) -> bool:
     return len(name) <= MAX_NAME and DNS_LABEL.match(name) is not None
+
+
+def is_qualified_name(name: str) -> bool:
+    """An attribute or capacity name: a C identifier of at most 32, optionally behind a
+    ``<domain>/`` that could be a driver name (k/k ``validateQualifiedName``)."""
+    domain, _, ident = name.rpartition("/")
+    if "/" in domain or (domain and (len(domain) > MAX_DRIVER_NAME
+                                     or not _DNS_SUBDOMAIN.match(domain))):
+        return False
+    return len(ident) <= MAX_IDENTIFIER and _C_IDENTIFIER.match(ident) is not None
 
 
 def device_name(device_id: str) -> str:
