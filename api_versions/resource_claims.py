@@ -1,0 +1,103 @@
+"""A ResourceClaim of resource.k8s.io v1, v1beta2 or v1beta1, read into the driver's claim type.
+
+The kubelet's NodePrepareResources names a claim only by namespace, name and UID; the driver
+GETs the claim and prepares what ``status.allocation.devices.results[]`` lists for its own
+driver name (dra@v0.34 ``kubeletplugin/draplugin.go``). Those results, and the metadata, are
+spelt alike in the three versions (k8s.io/api ``resource/{v1,v1beta2,v1beta1}/types.go``:
+``DeviceRequestAllocationResult{request, driver, pool, device, ...}``); the versions differ in
+the spec, which the driver does not need. So one reader serves all three, and checks the
+version it was told against the object's own ``apiVersion``.
+
+A claim without ``status.allocation`` is not allocated (the kubelet should not have asked; the
+driver refuses to prepare it). Anything malformed is refused with a ValueError that names the
+field, so a bad object is a clear per-claim error rather than a crash or a silent skip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from api_versions.resource_versions import api_version, check_known
+from plugin.serving.dra.claims_model import AllocationResult, ClaimAllocation, ClaimRef
+
+KIND = "ResourceClaim"
+RESULT_FIELDS = ("request", "driver", "pool", "device")
+
+
+class _Reader:
+    """Field access that names the path of whatever is wrong."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def fail(self, path: str, problem: str) -> ValueError:
+        return ValueError(f"{self.what}: {path}: {problem}")
+
+    def mapping(self, value: Any, path: str) -> Mapping[str, Any]:
+        if not isinstance(value, Mapping):
+            raise self.fail(path, "expected an object" if value is not None else "missing")
+        return value
+
+    def optional(self, value: Any, path: str) -> Mapping[str, Any] | None:
+        return None if value is None else self.mapping(value, path)
+
+    def text(self, parent: Mapping[str, Any], key: str, path: str) -> str:
+        value = parent.get(key)
+        if not isinstance(value, str) or not value:
+            shown = "missing" if value is None else f"{value!r} is not a non-empty string"
+            raise self.fail(f"{path}.{key}" if path else key, shown)
+        return value
+
+
+def claim_ref(version: str, obj: Mapping[str, Any]) -> ClaimRef:
+    """The claim's namespace, name and UID, after checking it is a ResourceClaim of ``version``."""
+    check_known(version)
+    reader = _Reader(f"ResourceClaim ({version})")
+    if not isinstance(obj, Mapping):
+        raise ValueError(f"ResourceClaim ({version}): expected an object, got "
+                         f"{type(obj).__name__}")
+    body = obj
+    sent_version, kind = body.get("apiVersion"), body.get("kind")
+    if sent_version not in (None, "", api_version(version)):
+        raise reader.fail("apiVersion", f"{sent_version!r} is not {api_version(version)!r}")
+    if kind not in (None, "", KIND):
+        raise reader.fail("kind", f"{kind!r} is not {KIND!r}")
+    meta = reader.mapping(body.get("metadata"), "metadata")
+    return ClaimRef(namespace=reader.text(meta, "namespace", "metadata"),
+                    name=reader.text(meta, "name", "metadata"),
+                    uid=reader.text(meta, "uid", "metadata"))
+
+
+def parse_claim(version: str, obj: Mapping[str, Any]) -> ClaimAllocation:
+    """``obj`` (a ResourceClaim as the server answered in ``version``) as the driver knows it.
+
+    ``allocated`` only when ``status.allocation`` exists; ``results`` in the server's order,
+    every driver's (:meth:`ClaimAllocation.results_for` picks this driver's). Raises
+    ValueError naming the field when the object is not a well-formed claim of ``version``.
+    """
+    ref = claim_ref(version, obj)
+    reader = _Reader(f"ResourceClaim {ref.namespace}/{ref.name} ({version})")
+    status = reader.optional(obj.get("status"), "status")
+    if status is None:
+        return ClaimAllocation(ref=ref, allocated=False)
+    allocation = reader.optional(status.get("allocation"), "status.allocation")
+    if allocation is None:
+        return ClaimAllocation(ref=ref, allocated=False)
+    devices = reader.optional(allocation.get("devices"), "status.allocation.devices")
+    entries = devices.get("results") if devices is not None else None
+    if entries is None:
+        return ClaimAllocation(ref=ref, allocated=True)
+    if not isinstance(entries, list):
+        raise reader.fail("status.allocation.devices.results", "expected a list")
+    results = []
+    for index, entry in enumerate(entries):
+        path = f"status.allocation.devices.results[{index}]"
+        result = reader.mapping(entry, path)
+        values = {key: reader.text(result, key, path) for key in RESULT_FIELDS}
+        parts = values["request"].split("/")
+        if len(parts) > 2 or not all(parts):
+            raise reader.fail(f"{path}.request", f"{values['request']!r} is neither "
+                              "<request> nor <request>/<subrequest>")
+        results.append(AllocationResult(**values))
+    return ClaimAllocation(ref=ref, allocated=True, results=tuple(results))

@@ -1,0 +1,383 @@
+"""What this node's devices look like as DRA devices: one pool per driver and node.
+
+A pure function of a :class:`~plugin.model.devices.DeviceSet`, with no I/O and no API version
+in sight: the shapes in ``api_versions`` turn a :class:`Pool` into ResourceSlices of whichever
+resource.k8s.io version the server speaks, and the driver maps allocated device names back
+to device IDs through :meth:`Pool.device_id`.
+
+Device names
+    A DRA device name is a DNS label (``[a-z0-9]([-a-z0-9]*[a-z0-9])?``, at most 63), unique
+    in its pool; claims, allocation results and the kubelet's prepare calls all carry it, so
+    it must be the same for the same device on every scan and after every restart. It is
+    therefore a function of the device ID alone, never of the other devices present:
+
+    * a canonical PCI function address, optionally with a further port, spelt as discovery
+      spells it (``0000:5e:00.0``, ``0000:3b:00.0-port1``): ``pci-`` and the ID with ``:``
+      and ``.`` as ``-`` (``pci-0000-5e-00-0``, ``pci-0000-3b-00-0-port1``);
+    * a unit number (``3``): ``unit-3``;
+    * anything else: ``dev-``, a readable head of the ID, and 12 hex digits of its SHA-256.
+
+    Only exact canonical spellings take the first two forms (lowercase hex, a four-digit
+    domain or one without leading zeros, no leading zero in a unit number), so each of them
+    can be read back unambiguously: two IDs never get the same name there. An ID that would
+    only collide after spelling (``0000:5E:00.0`` next to ``0000:5e:00.0``, ``a_b`` next to
+    ``a.b``) takes the third form, where the digest keeps it apart. The prefixes keep the
+    three forms apart; :func:`pool_of` still checks uniqueness, and would rather refuse than
+    publish two devices under one name. Intel's DRA drivers spell PCI addresses the same way
+    (``0000-00-01-0``, ``DeviceUIDFromPCIinfo``); the prefix says what kind of ID it is.
+
+Attributes
+    Standard ones (k8s.io/dynamic-resource-allocation ``deviceattribute``; kubernetes.io
+    "Standard Device Attributes for Dynamic Resource Allocation") so that ``matchAttribute``
+    constraints line devices up with other drivers' (a NIC on the same NUMA node or root):
+    ``resource.kubernetes.io/pciBusID`` (string, the function's address),
+    ``resource.kubernetes.io/numaNode`` (int; the scalar form every server accepts, left out
+    when the kernel reports none, as the standard asks), ``resource.kubernetes.io/pcieRoot``
+    (``pci<domain>:<bus>``) only when discovery read it as ``pcie_root``: the root complex is
+    where the function's sysfs path starts, which its address alone does not tell.
+
+    The others are in the driver's own domain, so they are written without one and a
+    selector reads them as ``device.attributes["<driver>"].<name>``: C identifiers in
+    lowerCamelCase as the reference drivers write theirs (``productName``, ``pciAddress``):
+    ``family`` (the discovery backend: ``intel``, ``aws``, ``alveo``, ``units``), and where
+    known ``pciVendorID``/``pciDeviceID`` (``0x8086``), ``kernelDriver`` (``intel-fpga``,
+    ``dfl``, ``xocl``), Intel ``afuID``, ``interfaceID``, ``card``; Alveo ``shell`` (VBNV),
+    ``shellTimestamp`` (int); AWS ``platform`` (``f1``/``f2``), ``slot`` (int, as AWS's tools
+    number slots), ``pciSubsystemVendorID``/``pciSubsystemDeviceID`` (with the vendor and
+    device IDs, what identifies the loaded image: the AFI ID itself is only in the slot's
+    mailbox, which the plugin must not touch). A value the server would refuse (a string
+    over 64 bytes, say a very long VBNV) is left out rather than cut: a selector must never
+    match a value the device does not have.
+
+Capacity
+    None: an FPGA port, slot or card is allocated whole, and the model knows no amount
+    (memory, bandwidth) a claim could ask a part of. The mapping is there for when it does.
+
+Health
+    An unhealthy device stays in the pool with ``healthy`` False, its ``health_reason`` (the
+    discovery text, for logs and the health stream) and a ``health_code``: a short token that
+    fits a taint value (a label value), picked from the first cause in the reason. Whether it
+    is published with a taint or left out is the shapes' decision.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from functools import cached_property
+from types import MappingProxyType
+
+from plugin.model.devices import Device, DeviceSet
+
+MAX_NAME = 63
+MAX_STRING_BYTES = 64
+"""Longest attribute string (and version) value a server accepts, in bytes."""
+MAX_DRIVER_NAME = 63
+MAX_NODE_NAME = 253
+MAX_POOL_NAME = 253
+INT64 = (-(2**63), 2**63 - 1)
+
+STANDARD_DOMAIN = "resource.kubernetes.io"
+PCI_BUS_ID = f"{STANDARD_DOMAIN}/pciBusID"
+PCIE_ROOT = f"{STANDARD_DOMAIN}/pcieRoot"
+NUMA_NODE = f"{STANDARD_DOMAIN}/numaNode"
+
+FAMILY = "family"
+PCI_VENDOR_ID = "pciVendorID"
+PCI_DEVICE_ID = "pciDeviceID"
+PCI_SUBSYSTEM_VENDOR_ID = "pciSubsystemVendorID"
+PCI_SUBSYSTEM_DEVICE_ID = "pciSubsystemDeviceID"
+KERNEL_DRIVER = "kernelDriver"
+AFU_ID = "afuID"
+INTERFACE_ID = "interfaceID"
+CARD = "card"
+SHELL = "shell"
+SHELL_TIMESTAMP = "shellTimestamp"
+PLATFORM = "platform"
+SLOT = "slot"
+
+KERNEL_DRIVER_FAMILIES = ("intel", "alveo")
+"""Backends whose ``driver`` attribute names a kernel driver; AWS's names the platform."""
+
+_BDF_TEXT = r"(?:[0-9a-f]{4}|[1-9a-f][0-9a-f]{4,7}):[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]"
+"""A PCI function address exactly as ``plugin.discovery.backends.pci`` writes it."""
+_BDF = re.compile(f"^{_BDF_TEXT}$")
+_CANONICAL_PCI = re.compile(f"^{_BDF_TEXT}(?:-port(?:0|[1-9][0-9]{{0,5}}))?$")
+_UNIT = re.compile(r"^(?:0|[1-9][0-9]{0,56})$")
+_DECIMAL = re.compile(r"^[0-9]{1,19}$")
+_PCIE_ROOT = re.compile(r"^pci[0-9a-f]{4,8}:[0-9a-f]{2}$")
+_PCI_ID = re.compile(r"^0x[0-9a-f]{4}$")
+_HEX_ID = re.compile(r"^[0-9a-f]{1,64}$")
+_NOT_LABEL = re.compile(r"[^a-z0-9]+")
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_SEMVER = re.compile(
+    r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+    r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
+    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$")
+_C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_QUANTITY = re.compile(r"^[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
+                       r"(?:[eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE])?$")
+MAX_IDENTIFIER = 32
+MAX_ATTRIBUTES = 32
+"""Attributes and capacities of one device together, at most
+(``ResourceSliceMaxAttributesAndCapacitiesPerDevice``)."""
+DIGEST_HEX = 12
+
+
+class AttributeKind(Enum):
+    STRING = "string value"
+    INT = "int value"
+    BOOL = "bool value"
+    VERSION = "semantic version"
+
+
+@dataclass(frozen=True, slots=True)
+class AttributeValue:
+    """One attribute value of exactly one kind, checked against the server's limits on
+    creation, so a pool that was built can always be published."""
+
+    kind: AttributeKind
+    value: str | int | bool
+
+    def __post_init__(self) -> None:
+        problem = _value_problem(self.kind, self.value)
+        if problem:
+            raise ValueError(f"{self.kind.value} {self.value!r}: {problem}")
+
+    @classmethod
+    def string(cls, value: str) -> AttributeValue:
+        return cls(AttributeKind.STRING, value)
+
+    @classmethod
+    def integer(cls, value: int) -> AttributeValue:
+        return cls(AttributeKind.INT, value)
+
+    @classmethod
+    def boolean(cls, value: bool) -> AttributeValue:
+        return cls(AttributeKind.BOOL, value)
+
+    @classmethod
+    def version(cls, value: str) -> AttributeValue:
+        return cls(AttributeKind.VERSION, value)
+
+
+def _value_problem(kind: AttributeKind, value: object) -> str:
+    if kind is AttributeKind.BOOL:
+        return "" if isinstance(value, bool) else "not a bool"
+    if kind is AttributeKind.INT:
+        if not isinstance(value, int) or isinstance(value, bool):
+            return "not an int"
+        return "" if INT64[0] <= value <= INT64[1] else "outside int64"
+    if not isinstance(value, str):
+        return "not a string"
+    try:
+        size = len(value.encode())
+    except UnicodeEncodeError:
+        return "not valid UTF-8"
+    if size > MAX_STRING_BYTES:
+        return f"longer than {MAX_STRING_BYTES} bytes"
+    if kind is AttributeKind.VERSION and not _SEMVER.match(value):
+        return "not a semantic version (semver.org 2.0.0)"
+    return ""
+
+
+def _frozen(mapping: Mapping[str, object]) -> MappingProxyType:
+    return MappingProxyType(dict(sorted(mapping.items())))
+
+
+@dataclass(frozen=True)
+class DraDevice:
+    """One device of the pool: its DRA name, the model's device ID, what selectors see."""
+
+    name: str
+    device_id: str
+    attributes: Mapping[str, AttributeValue] = field(default_factory=dict)
+    capacity: Mapping[str, str] = field(default_factory=dict)
+    healthy: bool = True
+    health_reason: str = ""
+    health_code: str = ""
+
+    def __post_init__(self) -> None:
+        if not is_dns_label(self.name):
+            raise ValueError(f"device {self.device_id!r}: name {self.name!r} is not a DNS label")
+        problems = [f"{name!r} is not a qualified name" for name in (*self.attributes,
+                                                                       *self.capacity)
+                    if not is_qualified_name(name)]
+        problems += [f"capacity {name} = {value!r} is not a quantity"
+                     for name, value in self.capacity.items() if not _QUANTITY.match(value)]
+        if len(self.attributes) + len(self.capacity) > MAX_ATTRIBUTES:
+            problems.append(f"more than {MAX_ATTRIBUTES} attributes and capacities")
+        if problems:
+            raise ValueError(f"device {self.device_id!r}: {'; '.join(problems)}")
+        object.__setattr__(self, "attributes", _frozen(self.attributes))
+        object.__setattr__(self, "capacity", _frozen(self.capacity))
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.device_id, tuple(self.attributes.items()),
+                     tuple(self.capacity.items()), self.healthy, self.health_reason,
+                     self.health_code))
+
+
+@dataclass(frozen=True)
+class Pool:
+    """The devices one driver publishes for one node, in the model's order."""
+
+    driver: str
+    node_name: str
+    name: str
+    devices: tuple[DraDevice, ...] = ()
+
+    @cached_property
+    def names(self) -> Mapping[str, str]:
+        """Device name -> device ID, for mapping allocation results back to devices."""
+        return MappingProxyType({d.name: d.device_id for d in self.devices})
+
+    def device_id(self, name: str) -> str | None:
+        """The device ID behind an allocated device name, or None if this pool has none."""
+        return self.names.get(name)
+
+    def device(self, name: str) -> DraDevice | None:
+        return next((d for d in self.devices if d.name == name), None)
+
+
+def is_dns_label(name: str) -> bool:
+    return len(name) <= MAX_NAME and DNS_LABEL.match(name) is not None
+
+
+def is_qualified_name(name: str) -> bool:
+    """An attribute or capacity name: a C identifier of at most 32, optionally behind a
+    ``<domain>/`` that could be a driver name (k/k ``validateQualifiedName``)."""
+    domain, _, ident = name.rpartition("/")
+    if "/" in domain or (domain and (len(domain) > MAX_DRIVER_NAME
+                                     or not _DNS_SUBDOMAIN.match(domain))):
+        return False
+    return len(ident) <= MAX_IDENTIFIER and _C_IDENTIFIER.match(ident) is not None
+
+
+def device_name(device_id: str) -> str:
+    """The DRA name of ``device_id``; see the module docstring for the rule."""
+    if _CANONICAL_PCI.match(device_id):
+        return "pci-" + device_id.replace(":", "-").replace(".", "-")
+    if _UNIT.match(device_id):
+        return "unit-" + device_id
+    digest = hashlib.sha256(device_id.encode("utf-8", "surrogatepass")).hexdigest()[:DIGEST_HEX]
+    room = MAX_NAME - len("dev-") - 1 - DIGEST_HEX
+    head = _NOT_LABEL.sub("-", device_id.lower())[:room].strip("-")
+    return f"dev-{head}-{digest}" if head else f"dev-{digest}"
+
+
+_HEALTH_CODES = (
+    ("discovery stalled", "discovery-stalled"),
+    ("AFU ID is all f", "afu-crashed"),
+    ("AFU ID unreadable", "afu-id-unreadable"),
+    ("port error register unreadable", "port-error-unreadable"),
+    ("port error register", "port-error"),
+    ("xocl driver not bound", "driver-unbound"),
+    ("card not ready", "card-not-ready"),
+    ("readiness unknown", "card-state-unreadable"),
+    ("state unknown", "card-state-unreadable"),
+    ("card offline", "card-offline"),
+    ("card in a bad state", "card-bad-state"),
+    ("firewall tripped", "firewall-tripped"),
+    ("image being loaded", "image-loading"),
+    ("through its BAR0", "bar0-missing"),
+    ("no renderD", "device-node-missing"),
+    ("device node", "device-node-missing"),
+)
+"""Causes discovery names in ``health_reason`` (plugin.discovery.backends and the monitor's
+stall), in the order they are tried at one position; the earliest in the text wins."""
+UNHEALTHY_CODE = "unhealthy"
+
+
+def health_code(reason: str) -> str:
+    """A label-value token for the first cause in ``reason`` (``unhealthy`` if unknown)."""
+    found = [(reason.find(text), index, code) for index, (text, code) in enumerate(_HEALTH_CODES)
+             if text in reason]
+    return min(found)[2] if found else UNHEALTHY_CODE
+
+
+def _string(attributes: dict[str, AttributeValue], name: str, value: str | None,
+            pattern: re.Pattern[str] | None = None) -> None:
+    if not value or (pattern is not None and not pattern.match(value)):
+        return
+    if not _value_problem(AttributeKind.STRING, value):
+        attributes[name] = AttributeValue.string(value)
+
+
+def _integer(attributes: dict[str, AttributeValue], name: str, value: int | str | None) -> None:
+    if isinstance(value, str):
+        value = int(value) if _DECIMAL.match(value) else None
+    if value is not None and not _value_problem(AttributeKind.INT, value):
+        attributes[name] = AttributeValue.integer(value)
+
+
+def attributes_of(device: Device) -> dict[str, AttributeValue]:
+    """What a DeviceClass or a claim's CEL selector can see of ``device``."""
+    facts = device.attrs
+    attributes: dict[str, AttributeValue] = {}
+    _string(attributes, FAMILY, device.backend)
+    _string(attributes, PCI_BUS_ID, facts.get("pci_address"), _BDF)
+    _string(attributes, PCIE_ROOT, facts.get("pcie_root"), _PCIE_ROOT)
+    _integer(attributes, NUMA_NODE, device.numa_node)
+    _string(attributes, PCI_VENDOR_ID, facts.get("vendor"), _PCI_ID)
+    _string(attributes, PCI_DEVICE_ID, facts.get("device"), _PCI_ID)
+    _string(attributes, PCI_SUBSYSTEM_VENDOR_ID, facts.get("subsystem_vendor"), _PCI_ID)
+    _string(attributes, PCI_SUBSYSTEM_DEVICE_ID, facts.get("subsystem_device"), _PCI_ID)
+    if device.backend in KERNEL_DRIVER_FAMILIES:
+        _string(attributes, KERNEL_DRIVER, facts.get("driver"))
+    _string(attributes, AFU_ID, facts.get("afu_id"), _HEX_ID)
+    _string(attributes, INTERFACE_ID, facts.get("interface_id"), _HEX_ID)
+    _string(attributes, CARD, facts.get("card"))
+    _string(attributes, SHELL, facts.get("shell"))
+    _integer(attributes, SHELL_TIMESTAMP, facts.get("shell_timestamp"))
+    _string(attributes, PLATFORM, facts.get("platform"))
+    _integer(attributes, SLOT, facts.get("slot"))
+    return attributes
+
+
+def dra_device(device: Device) -> DraDevice:
+    """``device`` as the pool lists it."""
+    return DraDevice(
+        name=device_name(device.id),
+        device_id=device.id,
+        attributes=attributes_of(device),
+        healthy=device.healthy,
+        health_reason=device.health_reason,
+        health_code="" if device.healthy else health_code(device.health_reason),
+    )
+
+
+def _check_name(what: str, value: str, limit: int) -> None:
+    if not value or len(value) > limit or not _DNS_SUBDOMAIN.match(value):
+        raise ValueError(f"{what} {value!r} is not a lowercase DNS subdomain of at most "
+                         f"{limit} characters")
+
+
+def pool_of(driver: str, node_name: str, devices: DeviceSet,
+            pool_name: str | None = None) -> Pool:
+    """The pool ``driver`` publishes for ``node_name``: every device of the snapshot.
+
+    The pool is named after the node unless ``pool_name`` says otherwise, as the Go helper
+    names node-local pools. Raises ValueError for a driver, node or pool name the server
+    would refuse (a configuration mistake, better found before publishing), or if two IDs
+    got one device name (which the naming rule makes all but impossible).
+    """
+    _check_name("driver name", driver, MAX_DRIVER_NAME)
+    _check_name("node name", node_name, MAX_NODE_NAME)
+    name = node_name if pool_name is None else pool_name
+    if len(name) > MAX_POOL_NAME:
+        raise ValueError(f"pool name {name!r} is longer than {MAX_POOL_NAME} characters")
+    for part in name.split("/"):
+        _check_name("pool name part", part, MAX_POOL_NAME)
+    listed = tuple(dra_device(d) for d in devices)
+    seen: dict[str, str] = {}
+    for entry in listed:
+        if entry.name in seen:
+            raise ValueError(f"devices {seen[entry.name]!r} and {entry.device_id!r} would both "
+                             f"be named {entry.name!r}")
+        seen[entry.name] = entry.device_id
+    return Pool(driver=driver, node_name=node_name, name=name, devices=listed)
