@@ -17,9 +17,14 @@ from typing import Any
 
 import pytest
 
+from api_versions.resource_slices import slices_for
 from compat_tests.apiserver import ApiServerEmulator, validate
 from compat_tests.apiserver.client import ApiClient
+from plugin.discovery.backends.fake_sysfs import CRASHED_AFU_ID, FakeNode
+from plugin.discovery.backends.intel import IntelBackend
+from plugin.model.devices import DeviceSet
 from plugin.serving.dra.apiserver import ApiRefused, ApiServer, NoResourceApi
+from plugin.serving.dra.inventory import pool_of
 from plugin.serving.dra.publisher import SlicePublisher
 
 NODE = "node-a"
@@ -215,3 +220,41 @@ async def test_no_resource_api_and_forbidden_are_told_apart(tmp_path):
         with pytest.raises(ApiRefused, match="403"):
             await api.get_claim("default", "c")
         await api.close()
+
+
+async def test_a_server_without_the_taints_field_gets_the_healthy_devices(tmp_path):
+    """1.32's resource.k8s.io has no taints field: a tainted slice is refused whole (400)."""
+    async with ApiServerEmulator("1.32", runtime_config="resource.k8s.io/v1beta1=true") as server:
+        server.create_node(NODE)
+        devices = Devices("unit-0", "unit-1")
+        devices.unhealthy.add("unit-0")
+        api = ApiServer.connect(server.write_kubeconfig(tmp_path / "kc"), 2.0)
+        async with publishing(api, devices):
+            await until(lambda: [d["name"] for s in slices(server, "v1beta1")
+                                 for d in s["spec"]["devices"]] == ["unit-1"],
+                        "published without the unhealthy device")
+
+
+async def test_real_devices_publish_as_the_server_validates_them(server, connect, tmp_path):
+    fake = FakeNode(tmp_path / "node")
+    fake.add_dfl_card("0000:3b:00.0", ports=2)
+    fake.add_dfl_card("0000:5e:00.0", afu_id=CRASHED_AFU_ID)
+    node = DeviceSet.of(IntelBackend(fake.config()).scan())
+
+    def build(version: str, generation: int, node_uid: str, taints: bool) -> list[dict]:
+        return slices_for(version, pool_of(DRIVER, NODE, node), generation, node_uid, taints)
+
+    api = connect()
+    publisher = SlicePublisher(api, NODE, DRIVER, build, backoff_max=0.2)
+    task = asyncio.create_task(publisher.run())
+    try:
+        await until(lambda: len(device_names(server)) == 3, "three ports published")
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await api.close()
+    [published] = slices(server)
+    assert validate(published, "v1") == []
+    crashed = [d for d in published["spec"]["devices"] if d.get("taints")]
+    assert [d["name"] for d in crashed] == ["pci-0000-5e-00-0"]

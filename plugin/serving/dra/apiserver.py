@@ -29,11 +29,10 @@ from lightkube import ApiError, AsyncClient, KubeConfig
 from lightkube.core.exceptions import ConfigError
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 
+from api_versions.resource_versions import GROUP, KNOWN_VERSIONS, newest_first
+
 log = logging.getLogger(__name__)
 
-RESOURCE_GROUP = "resource.k8s.io"
-SPOKEN_VERSIONS = ("v1", "v1beta2", "v1beta1")
-"""Newest first: the order in which the server is asked."""
 REQUEST_TIMEOUT = 10.0
 """Seconds for one call; a watch's stream has no read timeout (the server ends it)."""
 FIELD_MANAGER = "accelerator-device-plugin"
@@ -112,7 +111,7 @@ class ApiServer:
         """The newest spoken version the server serves, found once and remembered."""
         if self._version is not None:
             return self._version
-        for version in SPOKEN_VERSIONS:
+        for version in newest_first(KNOWN_VERSIONS):
             try:
                 async for _ in _guard(self._client.list(self._slices(version), chunk_size=1),
                                       lambda: None):
@@ -124,7 +123,7 @@ class ApiServer:
             self._version = version
             return version
         raise NoResourceApi(f"the API server serves none of resource.k8s.io "
-                            f"{', '.join(SPOKEN_VERSIONS)} (DRA not enabled there?)", 404)
+                            f"{', '.join(KNOWN_VERSIONS)} (DRA not enabled there?)", 404)
 
     async def node_uid(self, node: str) -> str:
         found = await self._call(self._client.get(_NODE, node))
@@ -179,7 +178,7 @@ class ApiServer:
         key = (version, kind)
         if key not in self._resources:
             make = create_namespaced_resource if namespaced else create_global_resource
-            self._resources[key] = make(RESOURCE_GROUP, version, kind, plural)
+            self._resources[key] = make(GROUP, version, kind, plural)
         return self._resources[key]
 
     def _forget_on_404(self) -> None:
@@ -225,7 +224,11 @@ def translate(exc: BaseException) -> ApiFailure:
     if isinstance(exc, httpx2.HTTPStatusError):
         # Not a Status object: a path the server does not serve ("404 page not found"),
         # or an overload answer in plain text (429 with Retry-After).
-        text = exc.response.text.strip()[:200]
+        status = _status_object(exc.response)
+        if status is not None:  # a Status after all, under another content type
+            return _by_status(exc.response.status_code, str(status.get("message", "")),
+                              str(status.get("reason", "")))
+        text = exc.response.text.strip()[:300]
         return _by_status(exc.response.status_code, text or exc.response.reason_phrase, "",
                           unserved=exc.response.status_code == 404)
     if isinstance(exc, httpx2.TimeoutException):
@@ -245,6 +248,14 @@ def _by_status(code: int, message: str, reason: str, unserved: bool = False) -> 
     if code in (400, 401, 403, 422):
         return ApiRefused(f"{code} {reason}: {message}".replace(" :", ":"), code)
     return ApiUnavailable(f"{code} {reason}: {message}".replace(" :", ":"), code)
+
+
+def _status_object(response: httpx2.Response) -> dict[str, Any] | None:
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) and body.get("kind") == "Status" else None
 
 
 def _plain(obj: Any) -> dict[str, Any]:

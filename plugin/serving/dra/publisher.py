@@ -35,9 +35,9 @@ from api_versions.k8s_objects import (
     name_of,
     pool_generation_of,
     resource_version_of,
-    taints_kept,
 )
-from plugin.serving.dra.apiserver import ApiFailure, ApiServer, Conflict, Gone
+from api_versions.resource_slices import dropped_taints
+from plugin.serving.dra.apiserver import ApiFailure, ApiRefused, ApiServer, Conflict, Gone
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +104,14 @@ class SlicePublisher:
             self._wanted.clear()
             try:
                 await self._reconcile()
+            except ApiRefused as refusal:
+                if not self._taints_unknown_to(refusal):
+                    self._say(f"cannot publish the devices of {self.node}: {refusal}; "
+                              "retrying", logging.ERROR)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, self._backoff_max)
+                self._wanted.set()
+                continue
             except Conflict:
                 self._wanted.set()  # someone wrote in between: read again at once
                 continue
@@ -144,7 +152,7 @@ class SlicePublisher:
                 stored_obj = await self._api.create_slice(obj)
             written[name_of(stored_obj)] = resource_version_of(stored_obj)
             self._written = dict(written)
-            if self._taints and not taints_kept(obj, stored_obj):
+            if self._taints and dropped_taints(version, obj, stored_obj):
                 log.warning("the API server dropped device taints (DRADeviceTaints off); "
                             "unhealthy devices are left out of the slices instead")
                 self._taints = False
@@ -174,6 +182,16 @@ class SlicePublisher:
                 log.debug("slice watch: %s; watching again in %.1f s", failure, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self._backoff_max)
+
+    def _taints_unknown_to(self, refusal: ApiRefused) -> bool:
+        """A server whose resource.k8s.io has no taints field at all (1.32) refuses the
+        whole slice (400, unknown field): publish without taints, unhealthy devices left out."""
+        if not self._taints or refusal.status != 400 or "taints" not in str(refusal):
+            return False
+        log.warning("the API server does not know device taints (%s); unhealthy devices are "
+                    "left out of the slices instead", refusal)
+        self._taints = False
+        return True
 
     def _notice(self, stored: dict[str, str]) -> None:
         if stored != self._written:
