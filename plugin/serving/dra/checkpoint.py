@@ -47,7 +47,7 @@ FORMAT_VERSION = 1
 KIND = "AcceleratorDraClaimCheckpoint"
 
 
-class CheckpointError(OSError):
+class CheckpointError(Exception):
     """The checkpoint could not be written; nothing was changed."""
 
 
@@ -111,9 +111,8 @@ class ClaimCheckpoint:
             try:
                 await asyncio.to_thread(_write_atomically, self.path, text)
             except OSError as exc:
-                raise CheckpointError(
-                    exc.errno, f"cannot write the claim checkpoint {self.path}: "
-                    f"{exc.strerror or exc}") from exc
+                raise CheckpointError(f"cannot write the claim checkpoint {self.path}: "
+                                      f"{exc.strerror or exc}") from exc
             self._claims = claims
             self.writes += 1
 
