@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,7 @@ class Driver:
         self.feed = DeviceFeed(node_devices())
         self.cdi_dir = state / "cdi"
         self.services: list[DraNodeService] = []
+        self.broadcasters: list[HealthBroadcaster] = []
 
     def new_service(self, **options: Any) -> DraNodeService:
         specs = ClaimSpecs(self.cdi_dir, DRIVER,
@@ -71,6 +73,7 @@ class Driver:
                                  ClaimCheckpoint(self.state / "checkpoint.json"),
                                  claim_specs=specs)
         health = HealthBroadcaster(POOL, self.feed, lambda: NAMES, resend_every=1.0)
+        self.broadcasters.append(health)
         service = DraNodeService(DRIVER, self.registry, preparer, health,
                                  timing=options.pop("timing", FAST), **options)
         self.services.append(service)
@@ -92,6 +95,8 @@ async def driver(plugins_registry, tmp_path):
     yield node
     for service in reversed(node.services):
         await service.stop()
+    for health in node.broadcasters:
+        await health.close()
 
 
 async def registered(kubelet, count: int = 1):
@@ -173,7 +178,7 @@ async def test_a_1_36_kubelet_hears_every_devices_health_and_each_change(dra_nod
     dra = kubelet.dra
     await dra.wait_until(lambda: len(dra.health(DRIVER)) == 8, what="the health of 8 devices")
     assert {d.health for d in dra.health(DRIVER).values()} == {"Healthy"}
-    assert service.health_streams == 1
+    assert service.health_streams_opened == 1
 
     await driver.feed.publish(node_devices(**{PCI[3]: "port error register reads 0x4"}))
     await dra.wait_until(lambda: dra.health(DRIVER)[(POOL, "fpga-3")].health == "Unhealthy",
@@ -205,7 +210,7 @@ async def test_no_health_stream_where_the_gate_is_off(dra_node, driver):
     await registered(kubelet)
     driver.api.add(allocation("u1", "fpga-0"))
     assert (await kubelet.dra.prepare([kubelet_claim("u1")])).ok
-    assert service.health_streams == 0 and kubelet.dra.health_attempts == []
+    assert service.health_streams_opened == 0 and kubelet.dra.health_attempts == []
 
 
 # -- restarts and the socket --------------------------------------------------------------------
@@ -304,3 +309,26 @@ async def test_a_kubelet_without_dra_refuses_and_the_driver_says_why(dra_node, d
     assert "the kubelet refused the registration: RegisterPlugin error -- no handler" \
         in caplog.text
     assert service.serving, "the driver keeps serving for the kubelet's retries"
+
+
+async def test_a_registry_that_cannot_be_used_is_reported_once_then_served(
+        sockdir, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="plugin.serving.dra.service")
+    registry = sockdir / "registry"
+    registry.write_text("a file where the kubelet's directory should be")
+    node = Driver(registry, tmp_path / "state")
+    service = node.new_service()
+    try:
+        await service.start()
+        await asyncio.sleep(0.5)
+        assert not service.serving
+        errors = [r.getMessage() for r in caplog.records
+                  if r.levelno >= logging.ERROR and "cannot serve" in r.getMessage()]
+        assert len(errors) == 1, errors
+        registry.unlink()
+        await service.wait_serving(5)
+        assert service.socket_path.is_socket() and "serving again after" in caplog.text
+    finally:
+        await service.stop()
+        for health in node.broadcasters:
+            await health.close()

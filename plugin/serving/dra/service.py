@@ -88,7 +88,7 @@ class DraNodeService:
         """The claim service the kubelet calls (``"v1.DRAPlugin"``...), known from its first
         call after registration."""
         self.info_calls = 0
-        self.health_streams = 0
+        self.health_streams_opened = 0
         self._router = GenerationRouter()
         self._router.activate({
             **dra_plugin.registration_handlers(driver, self._on_info, self._on_status),
@@ -103,6 +103,7 @@ class DraNodeService:
         self._task: asyncio.Task[None] | None = None
         self._watcher = DirectoryWatcher() if watch_directory else None
         self._waiting_for: SocketHeld | None = None
+        self._failing: str | None = None
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -120,7 +121,10 @@ class DraNodeService:
         await asyncio.wait_for(self._served_once.wait(), timeout)
 
     async def stop(self) -> None:
-        """Stop: cancel in-flight calls, end health streams, remove the socket if ours."""
+        """Stop: cancel in-flight calls, end health streams, remove the socket if ours.
+
+        The preparer and the health broadcaster stay as they are: their owner may hand them
+        to a new service (and closes the broadcaster when done with it)."""
         self._stop.set()
         task, self._task = self._task, None
         if task is not None:
@@ -128,8 +132,6 @@ class DraNodeService:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self._unserve()
-        if self.health is not None:
-            await self.health.close()
         if self._watcher is not None:
             self._watcher.close()
         if self.kubelet_service is not None:
@@ -151,11 +153,15 @@ class DraNodeService:
                     await self._pause(self.timing.holder_poll)
                     continue
                 except Exception as exc:
-                    log.error("DRA driver %s: cannot serve on %s: %s; retrying", self.driver,
-                              self.socket_path, exc)
+                    self._report(f"cannot serve on {self.socket_path}: {exc}; retrying every "
+                                 f"{self.timing.retry:g} s")
                     await self._unserve()
                     await self._pause(self.timing.retry)
                     continue
+                if self._failing is not None:
+                    log.info("DRA driver %s: serving again after: %s", self.driver,
+                             self._failing)
+                    self._failing = None
                 if self._waiting_for is not None:
                     log.info("DRA driver %s: took over %s from %s", self.driver,
                              self.socket_path, self._waiting_for.probe.describe())
@@ -170,6 +176,12 @@ class DraNodeService:
             watching.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watching
+
+    def _report(self, problem: str) -> None:
+        """An error once, not once a second while it lasts."""
+        if problem != self._failing:
+            log.error("DRA driver %s: %s", self.driver, problem)
+        self._failing = problem
 
     async def _serve(self) -> None:
         self._gone.clear()
@@ -245,11 +257,8 @@ class DraNodeService:
 
     async def _watch_directory(self) -> None:
         watcher = self._watcher
-        if watcher is None:
-            return
-        self.registry_dir.mkdir(parents=True, exist_ok=True)
-        if not watcher.watch(self.registry_dir):
-            return  # the safety-net check remains
+        if watcher is None or not watcher.watch(self.registry_dir):
+            return  # no inotify, or no directory yet: the safety-net check remains
         async for event in watcher.events():
             if event.change is Change.DIRECTORY_GONE:
                 self.check()
@@ -275,7 +284,7 @@ class DraNodeService:
 
     def _on_call(self, service: DraService, method: str) -> None:
         if service.role is Role.HEALTH:
-            self.health_streams += 1
+            self.health_streams_opened += 1
             log.info("DRA driver %s: kubelet opened the health stream (%s)", self.driver,
                      service.name)
             return
