@@ -127,11 +127,40 @@ async def test_api_server_trouble_is_per_claim_and_says_it_is_retried(api, prepa
     results = await preparer.prepare([ref("ok"), ref("down"), ref("gone")])
     assert results["ok"].ok
     assert results["down"].error == (
-        "cannot read claim ns/claim-down (down) from the API server (unreachable? the kubelet "
+        "cannot read claim ns/claim-down (down) from the API server (unavailable; the kubelet "
         "will call again): ConnectionError: connection refused")
     assert results["gone"].error.startswith(
         "claim ns/claim-gone (gone) not found in the API server (deleted?)")
     assert list(preparer.checkpoint) == ["ok"]
+
+
+class ApiFailure(Exception):
+    """Shaped like plugin.serving.dra.apiserver's failures: a message and an HTTP status."""
+
+    def __init__(self, message, status=None, unserved=False):
+        super().__init__(message)
+        self.status = status
+        self.unserved = unserved
+
+
+@pytest.mark.parametrize(("failure", "expected"), [
+    (ApiFailure("resourceclaims \"c\" not found", 404),
+     "claim ns/claim-u1 (u1) not found in the API server (deleted?): resourceclaims \"c\" "
+     "not found"),
+    (ApiFailure("forbidden: cannot get resourceclaims", 403),
+     "the API server refused to give claim ns/claim-u1 (u1) (the driver needs get on "
+     "resourceclaims): forbidden: cannot get resourceclaims"),
+    (ApiFailure("404 page not found", 404, unserved=True),
+     "cannot read claim ns/claim-u1 (u1) from the API server (unavailable; the kubelet will "
+     "call again): ApiFailure: 404 page not found"),
+    (ApiFailure("too many requests", 429),
+     "cannot read claim ns/claim-u1 (u1) from the API server (unavailable; the kubelet will "
+     "call again): ApiFailure: too many requests"),
+])
+async def test_the_api_clients_failures_are_worded_by_their_status(api, preparer, failure,
+                                                                   expected):
+    api.errors["claim-u1"] = failure
+    assert (await preparer.prepare([ref("u1")]))["u1"].error == expected
 
 
 async def test_a_hanging_read_times_out_as_an_error_of_that_claim(api, make):

@@ -52,8 +52,11 @@ DEFAULT_READ_TIMEOUT = 20.0
 class ClaimNotFound(LookupError):
     """What ``read_claim`` raises when the API server has no such claim (HTTP 404).
 
-    Anything else it raises (ConnectionError, TimeoutError, an HTTP 5xx...) is taken as the
-    API server being unreachable for now."""
+    An exception with ``status == 404`` (and no true ``unserved``: a path the server does not
+    serve is not a missing claim), like :mod:`plugin.serving.dra.apiserver`'s ``NotFound``,
+    counts too; ``status`` 401 or 403 is a refusal (credentials, RBAC); anything else (a
+    connection refused, a timeout, 429, 5xx...) is the API server being unavailable for now.
+    Each is one claim's error either way; only the words differ."""
 
 
 class Refused(Exception):
@@ -194,17 +197,12 @@ class ClaimPreparer:
         async with self._reads:
             try:
                 return await asyncio.wait_for(self._read_claim(ref), self.read_timeout)
-            except ClaimNotFound as exc:
-                raise Refused(f"claim {describe(ref)} not found in the API server "
-                              f"(deleted?): {exc}") from exc
             except TimeoutError as exc:
                 raise Refused(f"reading claim {describe(ref)} from the API server timed "
                               f"out after {self.read_timeout:g} s; the kubelet will call "
                               "again") from exc
             except Exception as exc:
-                raise Refused(f"cannot read claim {describe(ref)} from the API server "
-                              f"(unreachable? the kubelet will call again): "
-                              f"{type(exc).__name__}: {exc}") from exc
+                raise Refused(_read_failure(ref, exc)) from exc
 
     def _devices(self, ref: ClaimRef,
                  results: Sequence[AllocationResult]) -> tuple[PreparedDevice, ...]:
@@ -303,6 +301,18 @@ class ClaimPreparer:
 def _remove_specs(specs: ClaimSpecs, claims: list[tuple[str, str | None]]) -> None:
     for uid, file_name in claims:
         specs.remove(uid, file_name)
+
+
+def _read_failure(ref: ClaimRef, exc: Exception) -> str:
+    """What the kubelet shows on the pod when the claim could not be read."""
+    status = getattr(exc, "status", None)
+    if isinstance(exc, ClaimNotFound) or (status == 404 and not getattr(exc, "unserved", False)):
+        return f"claim {describe(ref)} not found in the API server (deleted?): {exc}"
+    if status in (401, 403):
+        return (f"the API server refused to give claim {describe(ref)} (the driver needs "
+                f"get on resourceclaims): {exc}")
+    return (f"cannot read claim {describe(ref)} from the API server (unavailable; the "
+            f"kubelet will call again): {type(exc).__name__}: {exc}")
 
 
 def _groups(devices: Sequence[PreparedDevice]) -> dict[str, list[str]]:
