@@ -1,0 +1,324 @@
+"""Preparing and unpreparing claims: what NodePrepareResources and NodeUnprepareResources do.
+
+The kubelet sends only each claim's namespace, name and UID; the allocation is read from the
+API server (``read_claim``), checked against this node's pool, recorded in the driver's
+checkpoint, and only then answered. Every claim is answered on its own: one claim the API
+server cannot give, or that names a device this node does not have, gets an error of its own
+while the others are prepared, because the kubelet fails only that claim's pod and calls
+again for it later. Rules (dra@v0.34.0 ``kubeletplugin/draplugin.go`` getResourceClaims, and
+what a node-local driver must add):
+
+* a claim already in the checkpoint is answered the same devices again, without an API call:
+  the kubelet repeats a call it did not hear back from, and after its own restart;
+* a claim that is not allocated, or whose UID is not the one asked for (deleted and created
+  again under the same name), is refused;
+* every result of this driver must name this node's pool and a device the pool has now;
+  other drivers' results are theirs;
+* unprepare works from the checkpoint alone (the claim may be gone from the API server) and
+  is idempotent: an unknown UID was unprepared already.
+
+Claims of one call are handled concurrently, at most ``concurrency`` API reads at a time
+across all calls, and recorded in one checkpoint write per call, so a call of 1,000 claims
+costs one fsync, not 1,000. A call answers before its deadline (the kubelet's is 45 s): a
+claim still being read then gets a timeout error instead of the whole call failing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+
+from plugin.model.allocation import name_some
+from plugin.serving.dra.checkpoint import CheckpointError, ClaimCheckpoint
+from plugin.serving.dra.claim_cdi import ClaimSpecs
+from plugin.serving.dra.claims_model import AllocationResult, ClaimAllocation, ClaimRef
+from plugin.serving.dra.prepared import (
+    ClaimResult,
+    PreparedClaim,
+    PreparedDevice,
+    base_request,
+    describe,
+)
+
+log = logging.getLogger(__name__)
+
+ReadClaim = Callable[[ClaimRef], Awaitable[ClaimAllocation]]
+DEFAULT_CONCURRENCY = 32
+DEFAULT_READ_TIMEOUT = 20.0
+"""One claim read; a call's own deadline may cut it shorter."""
+
+
+class ClaimNotFound(LookupError):
+    """What ``read_claim`` raises when the API server has no such claim (HTTP 404).
+
+    An exception with ``status == 404`` (and no true ``unserved``: a path the server does not
+    serve is not a missing claim), like :mod:`plugin.serving.dra.apiserver`'s ``NotFound``,
+    counts too; ``status`` 401 or 403 is a refusal (credentials, RBAC); anything else (a
+    connection refused, a timeout, 429, 5xx...) is the API server being unavailable for now.
+    Each is one claim's error either way; only the words differ."""
+
+
+class Refused(Exception):
+    """One claim cannot be prepared; the message is what the kubelet shows on the pod."""
+
+
+class ClaimPreparer:
+    """Prepares and unprepares this driver's claims on this node.
+
+    ``device_names()`` maps each DRA device name of this node's pool to the internal device
+    ID, as published now; ``cdi_ids(device_id)`` gives the CDI IDs of the daemon's spec for a
+    device (empty when it has nothing to inject); ``read_claim(ref)`` reads the claim from
+    the API server. With ``claim_specs`` each claim also gets a CDI spec carrying its
+    containers' environment.
+    """
+
+    def __init__(self, driver: str, pool_name: str,
+                 device_names: Callable[[], Mapping[str, str]], read_claim: ReadClaim,
+                 cdi_ids: Callable[[str], list[str]], checkpoint: ClaimCheckpoint, *,
+                 claim_specs: ClaimSpecs | None = None,
+                 concurrency: int = DEFAULT_CONCURRENCY,
+                 read_timeout: float = DEFAULT_READ_TIMEOUT) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, not {concurrency}")
+        self.driver = driver
+        self.pool_name = pool_name
+        self.checkpoint = checkpoint
+        self.claim_specs = claim_specs
+        self.read_timeout = read_timeout
+        self._device_names = device_names
+        self._read_claim = read_claim
+        self._cdi_ids = cdi_ids
+        self._reads = asyncio.Semaphore(concurrency)
+
+    # -- prepare ---------------------------------------------------------------------------
+
+    async def prepare(self, claims: Sequence[ClaimRef],
+                      timeout: float | None = None) -> dict[str, ClaimResult]:
+        """Claim UID -> devices or error, for every claim asked (duplicates answered once).
+
+        ``timeout``: seconds until the answer must go out; claims not prepared by then get
+        an error saying so. Never raises for a claim's sake; cancelled, it leaves nothing
+        behind but what was already recorded."""
+        results: dict[str, ClaimResult] = {}
+        pending: dict[str, ClaimRef] = {}
+        for ref in claims:
+            if ref.uid in results or ref.uid in pending:
+                continue
+            known = self.checkpoint.get(ref.uid)
+            if known is not None:
+                results[ref.uid] = await self._again(known)
+            elif not ref.uid:
+                results[ref.uid] = ClaimResult(error=f"claim {ref.namespace}/{ref.name} "
+                                                     "has no UID in the request")
+            else:
+                pending[ref.uid] = ref
+        if not pending:
+            return results
+        prepared = await self._prepare_all(list(pending.values()), timeout, results)
+        try:
+            await self._record(prepared, results)
+        finally:
+            for claim in prepared:  # cancelled before recording: leave no spec behind
+                if claim.ref.uid not in results:
+                    await self._remove_spec(claim)
+        return results
+
+    async def _again(self, known: PreparedClaim) -> ClaimResult:
+        """A claim prepared before: the recorded devices, and its spec put back if a reboot
+        (``/var/run/cdi`` is a tmpfs) took it."""
+        specs = self.claim_specs
+        if specs is not None and known.claim_spec is not None and \
+                not (specs.directory / known.claim_spec).exists():
+            try:
+                await asyncio.to_thread(specs.write, known.ref.uid, _groups(known.devices))
+            except OSError as exc:
+                return ClaimResult(error=f"cannot write the CDI spec of claim "
+                                         f"{describe(known.ref)} again: {exc.strerror or exc}")
+        log.debug("claim %s prepared already", describe(known.ref))
+        return ClaimResult(known.devices)
+
+    async def _prepare_all(self, refs: list[ClaimRef], timeout: float | None,
+                           results: dict[str, ClaimResult]) -> list[PreparedClaim]:
+        tasks = {asyncio.create_task(self._prepare_one(ref)): ref for ref in refs}
+        try:
+            _, late = await asyncio.wait(tasks, timeout=timeout)
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for task in tasks:  # specs of claims that got that far
+                if not task.cancelled() and task.exception() is None:
+                    await self._remove_spec(task.result())
+            raise
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
+        prepared = []
+        for task, ref in tasks.items():
+            if task in late:
+                results[ref.uid] = ClaimResult(error=(
+                    f"claim {describe(ref)} could not be prepared within {timeout:.0f} s "
+                    "(API server slow?); the kubelet will call again"))
+                continue
+            exc = task.exception()
+            if exc is None:
+                prepared.append(task.result())
+            elif isinstance(exc, Refused):
+                results[ref.uid] = ClaimResult(error=str(exc))
+                log.warning("refused to prepare claim %s: %s", describe(ref), exc)
+            else:
+                log.error("preparing claim %s failed", describe(ref), exc_info=exc)
+                results[ref.uid] = ClaimResult(error=(
+                    f"claim {describe(ref)}: internal error of the driver: "
+                    f"{type(exc).__name__}: {exc}"))
+        return prepared
+
+    async def _prepare_one(self, ref: ClaimRef) -> PreparedClaim:
+        allocation = await self._read(ref)
+        if allocation.ref.uid != ref.uid:
+            raise Refused(f"claim {ref.namespace}/{ref.name} was replaced: the API server has "
+                          f"UID {allocation.ref.uid}, the kubelet asked for {ref.uid}")
+        if not allocation.allocated:
+            raise Refused(f"claim {describe(ref)} is not allocated")
+        devices = self._devices(ref, allocation.results_for(self.driver))
+        spec = None
+        if self.claim_specs is not None and devices:
+            devices = self._with_env(ref.uid, devices)
+            try:
+                spec = await asyncio.to_thread(self.claim_specs.write, ref.uid,
+                                               _groups(devices))
+            except OSError as exc:
+                raise Refused(f"cannot write the CDI spec of claim {describe(ref)} into "
+                              f"{self.claim_specs.directory}: {exc.strerror or exc}") from exc
+        return PreparedClaim(ref, devices, spec)
+
+    async def _read(self, ref: ClaimRef) -> ClaimAllocation:
+        async with self._reads:
+            try:
+                return await asyncio.wait_for(self._read_claim(ref), self.read_timeout)
+            except TimeoutError as exc:
+                raise Refused(f"reading claim {describe(ref)} from the API server timed "
+                              f"out after {self.read_timeout:g} s; the kubelet will call "
+                              "again") from exc
+            except Exception as exc:
+                raise Refused(_read_failure(ref, exc)) from exc
+
+    def _devices(self, ref: ClaimRef,
+                 results: Sequence[AllocationResult]) -> tuple[PreparedDevice, ...]:
+        """The claim's devices on this node, or Refused naming every result that is not."""
+        names = self._device_names()
+        foreign = [f"{r.pool}/{r.device}" for r in results if r.pool != self.pool_name]
+        unknown = [r.device for r in results
+                   if r.pool == self.pool_name and r.device not in names]
+        problems = []
+        if foreign:
+            problems.append(f"devices of other pools: {name_some(foreign)} (this node's pool "
+                            f"is {self.pool_name})")
+        if unknown:
+            problems.append(f"devices pool {self.pool_name} does not have: {name_some(unknown)}")
+        if problems:
+            raise Refused(f"claim {describe(ref)} is allocated {'; '.join(problems)}")
+        devices = []
+        for result in results:
+            device_id = names[result.device]
+            try:
+                cdi = tuple(self._cdi_ids(device_id))
+            except Exception as exc:
+                raise Refused(f"claim {describe(ref)}: no CDI IDs for device "
+                              f"{result.pool}/{result.device} ({device_id}): {exc}") from exc
+            devices.append(PreparedDevice(result.pool, result.device, device_id,
+                                          (result.request,), cdi))
+        return tuple(devices)
+
+    def _with_env(self, uid: str, devices: tuple[PreparedDevice, ...]
+                  ) -> tuple[PreparedDevice, ...]:
+        """The first device of each request also names that request's environment device."""
+        assert self.claim_specs is not None
+        seen: set[str] = set()
+        out = []
+        for device in devices:
+            request = base_request(device.requests[0])
+            if request not in seen:
+                seen.add(request)
+                device = PreparedDevice(
+                    device.pool, device.device, device.device_id, device.requests,
+                    (*device.cdi_ids, self.claim_specs.qualified(uid, request)))
+            out.append(device)
+        return tuple(out)
+
+    async def _record(self, prepared: list[PreparedClaim],
+                      results: dict[str, ClaimResult]) -> None:
+        """Checkpoint first, answer after: a claim answered is a claim recorded."""
+        if not prepared:
+            return
+        try:
+            await self.checkpoint.commit(put=prepared)
+        except CheckpointError as exc:
+            log.error("%s; %d claim(s) not prepared", exc, len(prepared))
+            for claim in prepared:
+                await self._remove_spec(claim)
+                results[claim.ref.uid] = ClaimResult(
+                    error=f"claim {describe(claim.ref)} could not be recorded: {exc}")
+            return
+        for claim in prepared:
+            results[claim.ref.uid] = ClaimResult(claim.devices)
+            log.info("prepared claim %s: %s", describe(claim.ref), ", ".join(
+                f"{d.pool}/{d.device} ({d.device_id})" for d in claim.devices) or "no device")
+
+    async def _remove_spec(self, claim: PreparedClaim) -> None:
+        if self.claim_specs is not None and claim.claim_spec is not None:
+            await asyncio.to_thread(self.claim_specs.remove, claim.ref.uid, claim.claim_spec)
+
+    # -- unprepare -------------------------------------------------------------------------
+
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
+        """Claim UID -> error (``""``: done) for every claim asked; from the checkpoint only."""
+        known = {ref.uid: entry for ref in claims
+                 if (entry := self.checkpoint.get(ref.uid)) is not None}
+        results = dict.fromkeys((ref.uid for ref in claims), "")
+        try:
+            await self.checkpoint.commit(remove=list(known))
+        except CheckpointError as exc:
+            log.error("%s; %d claim(s) stay prepared", exc, len(known))
+            for uid, entry in known.items():
+                results[uid] = f"claim {describe(entry.ref)} could not be unrecorded: {exc}"
+            return results
+        specs = self.claim_specs
+        if specs is not None:  # after the checkpoint: a recorded claim never lacks its spec
+            await asyncio.to_thread(_remove_specs, specs, [
+                (ref.uid, entry.claim_spec if (entry := known.get(ref.uid)) else None)
+                for ref in claims])
+        for ref in claims:
+            entry = known.get(ref.uid)
+            if entry is not None:
+                log.info("unprepared claim %s", describe(entry.ref))
+            else:
+                log.debug("claim %s was not prepared (or unprepared already)", describe(ref))
+        return results
+
+
+def _remove_specs(specs: ClaimSpecs, claims: list[tuple[str, str | None]]) -> None:
+    for uid, file_name in claims:
+        specs.remove(uid, file_name)
+
+
+def _read_failure(ref: ClaimRef, exc: Exception) -> str:
+    """What the kubelet shows on the pod when the claim could not be read."""
+    status = getattr(exc, "status", None)
+    if isinstance(exc, ClaimNotFound) or (status == 404 and not getattr(exc, "unserved", False)):
+        return f"claim {describe(ref)} not found in the API server (deleted?): {exc}"
+    if status in (401, 403):
+        return (f"the API server refused to give claim {describe(ref)} (the driver needs "
+                f"get on resourceclaims): {exc}")
+    return (f"cannot read claim {describe(ref)} from the API server (unavailable; the "
+            f"kubelet will call again): {type(exc).__name__}: {exc}")
+
+
+def _groups(devices: Sequence[PreparedDevice]) -> dict[str, list[str]]:
+    """Base request -> its device IDs in allocation order (what each container gets)."""
+    groups: dict[str, list[str]] = {}
+    for device in devices:
+        for request in device.request_names:
+            groups.setdefault(request, []).append(device.device_id)
+    return groups

@@ -1,0 +1,382 @@
+"""ClaimPreparer: what NodePrepareResources / NodeUnprepareResources decide, claim by claim."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+
+from plugin.model.devices import Device, DeviceSet
+from plugin.serving.dra.checkpoint import ClaimCheckpoint
+from plugin.serving.dra.claim_cdi import ClaimSpecs, accelerator_env
+from plugin.serving.dra.prepare import ClaimPreparer
+from tests.cdi_conformance import check as check_cdi
+from tests.dra_fakes import DRIVER, NAMES, PCI, POOL, FakeClaims, allocation, cdi_ids, ref
+
+
+@pytest.fixture
+def api():
+    return FakeClaims()
+
+
+@pytest.fixture
+def checkpoint_path(tmp_path):
+    return tmp_path / "checkpoint.json"
+
+
+@pytest.fixture
+def make(api, checkpoint_path, tmp_path):
+    def make(**options):
+        options.setdefault("checkpoint", ClaimCheckpoint(checkpoint_path))
+        return ClaimPreparer(DRIVER, POOL, lambda: NAMES, api, cdi_ids, **options)
+    return make
+
+
+@pytest.fixture
+def preparer(make):
+    return make()
+
+
+def cdi(pci):
+    return f"b-com.com/accelerator={pci.replace(':', '-')}"
+
+
+# -- preparing ----------------------------------------------------------------------------------
+
+async def test_a_claim_is_read_checked_recorded_then_answered(api, preparer, checkpoint_path):
+    api.add(allocation("u1", "fpga-0", "fpga-1"))
+    results = await preparer.prepare([ref("u1")])
+    assert list(results) == ["u1"]
+    result = results["u1"]
+    assert result.ok
+    assert [(d.pool, d.device, d.request_names, d.cdi_ids) for d in result.devices] == [
+        (POOL, "fpga-0", ("accel",), (cdi(PCI[0]),)),
+        (POOL, "fpga-1", ("accel",), (cdi(PCI[1]),))]
+    on_disk = json.loads(checkpoint_path.read_text())["claims"]["u1"]
+    assert (on_disk["namespace"], on_disk["name"]) == ("ns", "claim-u1")
+    assert [d["deviceID"] for d in on_disk["devices"]] == PCI[:2]
+
+
+async def test_a_repeated_prepare_answers_the_same_without_the_api_server(
+        api, make, preparer, checkpoint_path):
+    api.add(allocation("u1", "fpga-3"))
+    first = await preparer.prepare([ref("u1")])
+    api.errors["claim-u1"] = ConnectionError("connection refused")
+    again = await preparer.prepare([ref("u1")])
+    assert again == first and api.reads == ["claim-u1"]
+
+    restarted = make(checkpoint=ClaimCheckpoint(checkpoint_path))
+    assert await restarted.prepare([ref("u1")]) == first
+    assert api.reads == ["claim-u1"], "the checkpoint answers after a restart too"
+
+
+async def test_subrequests_are_kept_in_the_record_and_stripped_for_the_kubelet(api, preparer):
+    api.add(allocation("u1", "fpga-0", request="accel/large"))
+    device = (await preparer.prepare([ref("u1")]))["u1"].devices[0]
+    assert device.requests == ("accel/large",)
+    assert device.request_names == ("accel",), "the kubelet matches the container's request"
+
+
+async def test_a_replaced_claim_is_refused_naming_both_uids(api, preparer):
+    api.add(allocation("new-uid", "fpga-0", name="shared"))
+    result = (await preparer.prepare([ref("old-uid", "shared")]))["old-uid"]
+    assert result.error == ("claim ns/shared was replaced: the API server has UID new-uid, "
+                            "the kubelet asked for old-uid")
+    assert "old-uid" not in preparer.checkpoint
+
+
+async def test_an_unallocated_claim_is_refused(api, preparer):
+    api.add(allocation("u1", allocated=False))
+    assert (await preparer.prepare([ref("u1")]))["u1"].error == \
+        "claim ns/claim-u1 (u1) is not allocated"
+
+
+async def test_devices_of_another_pool_or_unknown_here_are_refused_and_named(api, preparer):
+    api.add(allocation("u1", "fpga-0", pool="node-2"),
+            allocation("u2", "fpga-0", "fpga-77", "fpga-78"))
+    results = await preparer.prepare([ref("u1"), ref("u2")])
+    assert results["u1"].error == ("claim ns/claim-u1 (u1) is allocated devices of other "
+                                   "pools: node-2/fpga-0 (this node's pool is node-1)")
+    assert results["u2"].error == ("claim ns/claim-u2 (u2) is allocated devices pool node-1 "
+                                   "does not have: fpga-77, fpga-78")
+    assert len(preparer.checkpoint) == 0
+
+
+async def test_other_drivers_results_are_theirs(api, preparer):
+    theirs = allocation("u1", "gpu-0", driver="gpu.example.com", pool="other")
+    ours = allocation("u1", "fpga-2")
+    api.add(type(ours)(ours.ref, True, theirs.results + ours.results))
+    result = (await preparer.prepare([ref("u1")]))["u1"]
+    assert [d.device for d in result.devices] == ["fpga-2"]
+
+
+async def test_the_device_names_are_read_when_the_claim_is(api, make):
+    names = dict(NAMES)
+    preparer = ClaimPreparer(DRIVER, POOL, lambda: names, api, cdi_ids,
+                             make().checkpoint)
+    api.add(allocation("u1", "fpga-new"))
+    names["fpga-new"] = "0000:3b:00.0"
+    assert (await preparer.prepare([ref("u1")]))["u1"].devices[0].device_id == "0000:3b:00.0"
+
+
+async def test_api_server_trouble_is_per_claim_and_says_it_is_retried(api, preparer):
+    api.add(allocation("ok", "fpga-0"), allocation("down", "fpga-1"))
+    api.errors["claim-down"] = ConnectionError("connection refused")
+    results = await preparer.prepare([ref("ok"), ref("down"), ref("gone")])
+    assert results["ok"].ok
+    assert results["down"].error == (
+        "cannot read claim ns/claim-down (down) from the API server (unavailable; the kubelet "
+        "will call again): ConnectionError: connection refused")
+    assert results["gone"].error.startswith(
+        "claim ns/claim-gone (gone) not found in the API server (deleted?)")
+    assert list(preparer.checkpoint) == ["ok"]
+
+
+class ApiFailure(Exception):
+    """Shaped like plugin.serving.dra.apiserver's failures: a message and an HTTP status."""
+
+    def __init__(self, message, status=None, unserved=False):
+        super().__init__(message)
+        self.status = status
+        self.unserved = unserved
+
+
+@pytest.mark.parametrize(("failure", "expected"), [
+    (ApiFailure("resourceclaims \"c\" not found", 404),
+     "claim ns/claim-u1 (u1) not found in the API server (deleted?): resourceclaims \"c\" "
+     "not found"),
+    (ApiFailure("forbidden: cannot get resourceclaims", 403),
+     "the API server refused to give claim ns/claim-u1 (u1) (the driver needs get on "
+     "resourceclaims): forbidden: cannot get resourceclaims"),
+    (ApiFailure("404 page not found", 404, unserved=True),
+     "cannot read claim ns/claim-u1 (u1) from the API server (unavailable; the kubelet will "
+     "call again): ApiFailure: 404 page not found"),
+    (ApiFailure("too many requests", 429),
+     "cannot read claim ns/claim-u1 (u1) from the API server (unavailable; the kubelet will "
+     "call again): ApiFailure: too many requests"),
+])
+async def test_the_api_clients_failures_are_worded_by_their_status(api, preparer, failure,
+                                                                   expected):
+    api.errors["claim-u1"] = failure
+    assert (await preparer.prepare([ref("u1")]))["u1"].error == expected
+
+
+async def test_a_hanging_read_times_out_as_an_error_of_that_claim(api, make):
+    preparer = make(read_timeout=0.1)
+    api.add(allocation("ok", "fpga-0"), allocation("slow", "fpga-1"))
+    api.hang.add("claim-slow")
+    results = await preparer.prepare([ref("ok"), ref("slow")])
+    assert results["ok"].ok
+    assert "timed out after 0.1 s; the kubelet will call again" in results["slow"].error
+    assert api.cancelled == ["claim-slow"]
+
+
+async def test_the_call_is_answered_before_its_deadline(api, preparer):
+    api.add(allocation("ok", "fpga-0"), allocation("slow", "fpga-1"))
+    api.hang.add("claim-slow")
+    started = time.monotonic()
+    results = await preparer.prepare([ref("ok"), ref("slow")], timeout=0.2)
+    assert time.monotonic() - started < 1.0
+    assert results["ok"].ok and "could not be prepared within 0 s" in results["slow"].error
+    assert list(preparer.checkpoint) == ["ok"]
+
+
+@pytest.mark.parametrize("with_env", [False, True])
+async def test_a_thousand_claims_in_one_call_are_fast_bounded_and_written_once(
+        api, make, tmp_path, with_env):
+    preparer = make(claim_specs=env_specs(tmp_path) if with_env else None)
+    api.delay = 0.001
+    for i in range(1000):
+        api.add(allocation(f"u{i}", f"fpga-{i % 8}"))
+    claims = [ref(f"u{i}") for i in range(1000)]
+    started = time.monotonic()
+    results = await preparer.prepare(claims)
+    elapsed = time.monotonic() - started
+    assert len(results) == 1000 and all(r.ok for r in results.values())
+    assert elapsed < 5.0, f"1,000 claims took {elapsed:.1f} s"
+    assert api.most_in_flight == 32, "at most 32 reads at a time, and that many in parallel"
+    assert preparer.checkpoint.writes == 1, "one checkpoint write per call"
+    assert len(ClaimCheckpoint(preparer.checkpoint.path)) == 1000
+    assert len(list(tmp_path.glob("cdi/*.json"))) == (1000 if with_env else 0)
+
+
+async def test_the_read_bound_holds_across_concurrent_calls(api, make):
+    preparer = make(concurrency=4)
+    api.delay = 0.01
+    for i in range(40):
+        api.add(allocation(f"u{i}", "fpga-0"))
+    calls = [preparer.prepare([ref(f"u{i}") for i in range(j, 40, 4)]) for j in range(4)]
+    answers = await asyncio.gather(*calls)
+    assert sum(len(a) for a in answers) == 40 and api.most_in_flight == 4
+
+
+async def test_a_claim_asked_twice_in_one_call_is_read_once(api, preparer):
+    api.add(allocation("u1", "fpga-0"))
+    results = await preparer.prepare([ref("u1"), ref("u1")])
+    assert list(results) == ["u1"] and api.reads == ["claim-u1"]
+
+
+async def test_a_failing_cdi_lookup_names_the_claim_and_the_device(api, checkpoint_path):
+    def broken(device_id):
+        raise KeyError(device_id)
+
+    preparer = ClaimPreparer(DRIVER, POOL, lambda: NAMES, api, broken,
+                             ClaimCheckpoint(checkpoint_path))
+    api.add(allocation("u1", "fpga-4"))
+    assert (await preparer.prepare([ref("u1")]))["u1"].error == (
+        "claim ns/claim-u1 (u1): no CDI IDs for device node-1/fpga-4 (0000:af:00.0): "
+        "'0000:af:00.0'")
+
+
+async def test_a_bug_in_reading_is_an_error_of_that_claim_not_of_the_call(api, make):
+    async def buggy(claim):
+        if claim.uid == "bad":
+            return None  # not a ClaimAllocation: attribute errors follow
+        return await api(claim)
+
+    preparer = ClaimPreparer(DRIVER, POOL, lambda: NAMES, buggy, cdi_ids, make().checkpoint)
+    api.add(allocation("ok", "fpga-0"))
+    results = await preparer.prepare([ref("bad"), ref("ok")])
+    assert results["ok"].ok
+    assert results["bad"].error.startswith("claim ns/claim-bad (bad): internal error of the "
+                                           "driver: AttributeError")
+
+
+async def test_a_checkpoint_that_cannot_be_written_fails_the_claims_it_would_record(
+        api, make, tmp_path, monkeypatch):
+    specs = ClaimSpecs(tmp_path / "cdi", DRIVER, lambda ids: {"ACCELERATOR_UNITS": ",".join(ids)})
+    preparer = make(claim_specs=specs)
+    api.add(allocation("u1", "fpga-0"))
+    import plugin.serving.dra.checkpoint as module
+
+    def full(*_args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(module, "_write_atomically", full)
+    result = (await preparer.prepare([ref("u1")]))["u1"]
+    assert result.error.startswith("claim ns/claim-u1 (u1) could not be recorded: cannot write "
+                                   "the claim checkpoint")
+    assert "No space left on device" in result.error
+    assert list((tmp_path / "cdi").iterdir()) == [], "no spec left for an unrecorded claim"
+
+
+async def test_a_cancelled_prepare_records_nothing_and_leaves_no_spec(api, make, tmp_path):
+    specs = ClaimSpecs(tmp_path / "cdi", DRIVER, lambda ids: {"ACCELERATOR_UNITS": ",".join(ids)})
+    preparer = make(claim_specs=specs)
+    api.add(allocation("fast", "fpga-0"), allocation("slow", "fpga-1"))
+    api.hang.add("claim-slow")
+    call = asyncio.create_task(preparer.prepare([ref("fast"), ref("slow")]))
+    while "claim-slow" not in api.reads or not any((tmp_path / "cdi").glob("*.json")):
+        await asyncio.sleep(0.01)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert api.cancelled == ["claim-slow"]
+    assert len(preparer.checkpoint) == 0 and list((tmp_path / "cdi").glob("*.json")) == []
+
+
+# -- the claim's environment --------------------------------------------------------------------
+
+def env_specs(tmp_path, devices=None):
+    devices = devices or DeviceSet.of(Device(p, "intel") for p in PCI)
+    return ClaimSpecs(tmp_path / "cdi", DRIVER, lambda ids: accelerator_env(ids, devices))
+
+
+async def test_each_request_gets_its_environment_through_its_first_device(api, make, tmp_path):
+    specs = env_specs(tmp_path)
+    preparer = make(claim_specs=specs)
+    both = allocation("u1", "fpga-0", "fpga-1", request="a")
+    other = allocation("u1", "fpga-2", request="b/small")
+    api.add(type(both)(both.ref, True, both.results + other.results))
+    devices = (await preparer.prepare([ref("u1")]))["u1"].devices
+    env_a, env_b = (f"{DRIVER}/claim=u1-a", f"{DRIVER}/claim=u1-b")
+    assert [d.cdi_ids for d in devices] == [
+        (cdi(PCI[0]), env_a), (cdi(PCI[1]),), (cdi(PCI[2]), env_b)]
+
+    spec = json.loads((tmp_path / "cdi" / f"{DRIVER}_claim_u1.json").read_text())
+    check_cdi(spec)
+    assert spec["cdiVersion"] == "0.5.0" and spec["kind"] == f"{DRIVER}/claim"
+    assert {d["name"]: d["containerEdits"]["env"] for d in spec["devices"]} == {
+        "u1-a": [f"ACCELERATOR_DEVICES={PCI[0]},{PCI[1]}", f"ACCELERATOR_UNITS={PCI[0]},{PCI[1]}"],
+        "u1-b": [f"ACCELERATOR_DEVICES={PCI[2]}", f"ACCELERATOR_UNITS={PCI[2]}"]}
+
+    assert await preparer.unprepare([ref("u1")]) == {"u1": ""}
+    assert list((tmp_path / "cdi").iterdir()) == []
+
+
+async def test_units_get_only_accelerator_units_like_allocate_gives_them(api, tmp_path, make):
+    units = DeviceSet.of(Device(str(i), "units") for i in range(4))
+    specs = env_specs(tmp_path, units)
+    preparer = ClaimPreparer(DRIVER, POOL, lambda: {f"unit-{i}": str(i) for i in range(4)},
+                             api, lambda _id: [], make().checkpoint, claim_specs=specs)
+    api.add(allocation("8f0c", "unit-2", "unit-0"))
+    devices = (await preparer.prepare([ref("8f0c")]))["8f0c"].devices
+    assert [d.cdi_ids for d in devices] == [(f"{DRIVER}/claim=8f0c-accel",), ()]
+    spec = json.loads((tmp_path / "cdi" / f"{DRIVER}_claim_8f0c.json").read_text())
+    check_cdi(spec)
+    assert spec["devices"][0]["containerEdits"]["env"] == ["ACCELERATOR_UNITS=2,0"]
+
+
+async def test_a_repeated_prepare_puts_back_a_spec_a_reboot_took(api, make, tmp_path):
+    preparer = make(claim_specs=env_specs(tmp_path))
+    api.add(allocation("u1", "fpga-0"))
+    first = await preparer.prepare([ref("u1")])
+    spec = tmp_path / "cdi" / f"{DRIVER}_claim_u1.json"
+    text = spec.read_text()
+    spec.unlink()  # /var/run/cdi is a tmpfs: gone after a reboot, the checkpoint is not
+    assert await preparer.prepare([ref("u1")]) == first
+    assert spec.read_text() == text and api.reads == ["claim-u1"]
+
+
+async def test_a_spec_that_cannot_be_written_fails_the_claim(api, make, tmp_path):
+    blocked = tmp_path / "cdi"
+    blocked.write_text("a file where the directory should be")
+    preparer = make(claim_specs=ClaimSpecs(blocked, DRIVER, lambda ids: {"X": "1"}))
+    api.add(allocation("u1", "fpga-0"))
+    error = (await preparer.prepare([ref("u1")]))["u1"].error
+    assert error.startswith(f"cannot write the CDI spec of claim ns/claim-u1 (u1) into {blocked}")
+    assert len(preparer.checkpoint) == 0
+
+
+# -- unpreparing --------------------------------------------------------------------------------
+
+async def test_unprepare_uses_only_the_checkpoint_and_is_idempotent(api, make, preparer,
+                                                                    checkpoint_path):
+    api.add(allocation("u1", "fpga-0"), allocation("u2", "fpga-1"))
+    await preparer.prepare([ref("u1"), ref("u2")])
+    api.claims.clear()  # the claims are gone from the API server
+    api.errors["claim-u1"] = ConnectionError("unreachable")
+
+    restarted = make(checkpoint=ClaimCheckpoint(checkpoint_path))
+    assert await restarted.unprepare([ref("u1"), ref("never")]) == {"u1": "", "never": ""}
+    assert list(ClaimCheckpoint(checkpoint_path)) == ["u2"]
+    assert await restarted.unprepare([ref("u1")]) == {"u1": ""}
+    assert api.reads == ["claim-u1", "claim-u2"], "no read at unprepare"
+
+
+async def test_an_unprepare_that_cannot_be_recorded_fails_only_the_known_claims(
+        api, preparer, monkeypatch):
+    api.add(allocation("u1", "fpga-0"))
+    await preparer.prepare([ref("u1")])
+    import plugin.serving.dra.checkpoint as module
+
+    def full(*_args):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(module, "_write_atomically", full)
+    results = await preparer.unprepare([ref("u1"), ref("other")])
+    assert results["other"] == ""
+    assert results["u1"].startswith("claim ns/claim-u1 (u1) could not be unrecorded")
+    assert "u1" in preparer.checkpoint
+
+
+async def test_unprepare_removes_a_spec_the_checkpoint_forgot(api, make, tmp_path):
+    specs = env_specs(tmp_path)
+    (tmp_path / "cdi").mkdir()
+    orphan = tmp_path / "cdi" / specs.file_name("u9")
+    orphan.write_text("{}")
+    preparer = make(claim_specs=specs)
+    assert await preparer.unprepare([ref("u9")]) == {"u9": ""}
+    assert not orphan.exists()
