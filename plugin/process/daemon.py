@@ -17,9 +17,10 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from api_versions.negotiate import adapters
-from plugin.cli.config import Settings
+from plugin.cli.config import KUBELET_PLUGINS_DIR, Settings
 from plugin.discovery.backends.base import Backend
 from plugin.discovery.monitor import DeviceMonitor, TriggerSource
 from plugin.model.devices import DeviceSet
@@ -32,6 +33,9 @@ from plugin.process.supervise import MAX_DELAY, supervise
 from plugin.process.ticks import sleep_to_tick
 from plugin.serving.cdi import CdiPolicy, SpecWriter
 from plugin.serving.deviceplugin.server import ResourceServer, Timing
+
+if TYPE_CHECKING:
+    from plugin.serving.dra.driver import DraDriver
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +67,14 @@ class Daemon:
         self.candidates = adapters(self.settings.api_versions)
         self._signals = SignalRouter(self._on_signal)
         self._monitor: DeviceMonitor | None = None
-        self._cdi = SpecWriter(self.settings.cdi_spec_dir) if self.settings.cdi else None
+        self._dra_mode = self.settings.api == "dra"
+        # DRA hands devices to containers only through CDI: its specs are always written.
+        self._cdi = SpecWriter(self.settings.cdi_spec_dir) \
+            if self.settings.cdi or self._dra_mode else None
+        self._cdi_policies: dict[str, CdiPolicy | None] = {}
+        self._node_feed: DeviceFeed | None = None
+        self.dra: DraDriver | None = None
+        self._dra_task: asyncio.Task[None] | None = None
 
     @property
     def directory(self) -> Path:
@@ -115,10 +126,14 @@ class Daemon:
             # while the loops below take their time to end.
             for name in list(self.resources):
                 self._withdraw(name)
+            if self._dra_task is not None:
+                tasks.append(self._dra_task)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await self._drain()
+            if self._cdi is not None and self._dra_mode:
+                self._cdi.remove_all()
         log.info("stopped; sockets removed")
         return 0
 
@@ -129,6 +144,9 @@ class Daemon:
             node, self.settings.resource_mode, self.settings.resource_name,
             self.settings.resource_prefix,
         )
+        if self._dra_mode:
+            await self._publish_for_dra(node, groups)
+            return
         for name, devices in groups.items():
             metrics.devices(name, devices)
             resource = self.resources.get(name)
@@ -140,6 +158,44 @@ class Daemon:
             log.info("%s: no devices left; withdrawing the resource", name)
             metrics.devices(name, DeviceSet.of(()))
             await self._retire(name)
+
+    async def _publish_for_dra(self, node: DeviceSet, groups: dict[str, DeviceSet]) -> None:
+        """Specs first, then the devices: a slice may only name devices whose CDI entry is
+        on disk. One feed carries the whole node: one driver, one pool."""
+        assert self._cdi is not None
+        for name in [n for n in self._cdi_policies if n not in groups]:
+            self._cdi.remove(name)
+            del self._cdi_policies[name]
+        for name, devices in groups.items():
+            metrics.devices(name, devices)
+            written = self._cdi.write(name, devices)
+            self._cdi_policies[name] = CdiPolicy.of(name, devices, "cdi") if written else None
+        if self._node_feed is None:
+            self._node_feed = DeviceFeed(node)
+            self._start_dra(self._node_feed)
+        else:
+            await self._node_feed.publish(node)
+
+    def _start_dra(self, feed: DeviceFeed) -> None:
+        from plugin.serving.dra.driver import DraDriver, DriverPlace
+
+        settings = self.settings
+        assert settings.node_name is not None
+        place = DriverPlace(
+            driver=settings.dra_driver_name, node=settings.node_name,
+            registry_dir=settings.plugins_registry_dir,
+            state_dir=settings.dra_state_dir or KUBELET_PLUGINS_DIR / settings.dra_driver_name,
+            cdi_dir=settings.cdi_spec_dir, kubeconfig=settings.kubeconfig)
+        self.dra = DraDriver(place, feed, self._dra_cdi_ids)
+        self._dra_task = asyncio.create_task(
+            supervise("DRA driver", self.dra.run, finished=self._stop.is_set), name="DRA driver")
+
+    def _dra_cdi_ids(self, device_id: str) -> list[str]:
+        """The CDI IDs of a device, from the spec of the resource it belongs to."""
+        for policy in self._cdi_policies.values():
+            if policy is not None and device_id in policy.names:
+                return policy.qualified([device_id])
+        return []
 
     def _describe_for_cdi(self, server: ResourceServer, name: str, devices: DeviceSet) -> None:
         """Spec first, names second: a device is named in Allocate only once its spec is on
@@ -239,6 +295,8 @@ class Daemon:
         assert path is not None
         while True:
             results = [await r.server.self_check() for r in list(self.resources.values())]
+            if self.dra is not None:
+                results.append(await self.dra.self_check())
             if all(results):
                 try:
                     path.parent.mkdir(parents=True, exist_ok=True)
