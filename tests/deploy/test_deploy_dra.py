@@ -10,6 +10,7 @@ rendered objects are read and checked against the schemas and the emulated API s
 from __future__ import annotations
 
 import copy
+import os
 import re
 from typing import Any
 
@@ -18,7 +19,9 @@ from deploy_support import (
     CDI_DIR,
     DRA_CLUSTER,
     DRA_STATE_DIR,
+    KUSTOMIZATIONS,
     REGISTRY_DIR,
+    REPO,
     container,
     daemonset,
     env,
@@ -45,6 +48,7 @@ RESOURCE_GROUP = "resource.k8s.io"
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 FIRST_WITH_RESOURCE_V1 = "1.34"
 FIRST_WITH_POLICY_V1 = "1.30"
+DRA_OVERLAY, _ = KUSTOMIZATIONS["dra"]
 
 MINIMUM_RULES = {
     (RESOURCE_GROUP, "resourceslices"): {"get", "list", "watch", "create", "update", "patch",
@@ -396,3 +400,27 @@ def test_fallback_to_the_emulated_api_server_where_a_schema_is_missing(dra, tmp_
     # Other groups keep their missing-schema error: nothing to fall back to.
     policy = one(dra, "ValidatingAdmissionPolicy")
     assert validate_or_fall_back(policy, empty) == validate(policy, empty)
+
+
+# --- the guide -----------------------------------------------------------------------------
+
+
+def test_the_guides_pacing_kustomization_renders_the_overlay_with_on_delete(
+        kubectl, dra, schema_sets, tmp_path):
+    """docs/deploying.md tells operators to pace the move with this kustomization."""
+    guide = (REPO / "docs" / "deploying.md").read_text()
+    pacing = guide[guide.index("**Pacing.**"):]
+    block = re.search(r"```yaml\n(.*?)```", pacing, re.S)
+    assert block, "the Pacing paragraph lost its kustomization"
+    text = re.sub(r"^(\s+- )\S*deploy/overlays/dra(\s.*)?$",
+                  lambda m: m[1] + os.path.relpath(DRA_OVERLAY, tmp_path), block[1],
+                  count=1, flags=re.M)
+    assert text != block[1]
+    (tmp_path / "kustomization.yaml").write_text(text)
+    paced = render(kubectl, tmp_path)
+    assert daemonset(paced)["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    # Nothing else differs from the overlay, and the result is a valid DaemonSet.
+    assert [o for o in paced if o["kind"] != "DaemonSet"] == \
+        [o for o in dra if o["kind"] != "DaemonSet"]
+    newest = max(schema_sets, key=lambda s: minor(s.version))
+    assert validate(daemonset(paced), newest) == []
