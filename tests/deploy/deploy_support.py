@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
+from plugin.cli import config
+
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
@@ -24,10 +26,19 @@ KUSTOMIZATIONS = {
     "alveo": (REPO / "deploy" / "overlays" / "alveo", "1.21"),
     "plugin-watcher": (REPO / "deploy" / "overlays" / "plugin-watcher", "1.21"),
     "cdi": (REPO / "deploy" / "overlays" / "cdi", "1.21"),
+    # resource.k8s.io/v1 (its DeviceClass) is served from 1.34 on.
+    "dra": (REPO / "deploy" / "overlays" / "dra", "1.34"),
     "legacy": (REPO / "deploy" / "overlays" / "legacy", "1.11"),
     "kind": (REPO / "compat_tests" / "kind", "1.21"),
     "kind-legacy": (REPO / "compat_tests" / "kind" / "legacy", "1.11"),
 }
+
+REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
+CDI_DIR = "/var/run/cdi"
+DRA_STATE_DIR = str(config.KUBELET_PLUGINS_DIR / config.DEFAULT_DRA_DRIVER)
+"""The DRA driver's own directory under the kubelet's: its gRPC socket and claim checkpoint."""
+DRA_CLUSTER = REPO / "deploy" / "overlays" / "dra" / "cluster"
+"""The dra overlay's cluster-wide objects, applied on their own before the overlay."""
 
 
 def tool(name: str) -> str:
@@ -60,3 +71,27 @@ def quantity(text: str) -> float:
         if text.endswith(suffix):
             return float(text[: -len(suffix)]) * factor
     return float(text)
+
+
+def daemonset(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    (found,) = [o for o in objects if o["kind"] == "DaemonSet"]
+    return found
+
+
+def pod_spec(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    return daemonset(objects)["spec"]["template"]["spec"]
+
+
+def container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    (only,) = pod_spec(objects)["containers"]
+    return only
+
+
+def env(objects: list[dict[str, Any]]) -> dict[str, str]:
+    """The container's variables with a literal value."""
+    return {e["name"]: e["value"] for e in container(objects)["env"] if "valueFrom" not in e}
+
+
+def env_from(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The container's variables taken from elsewhere (downward API), by name."""
+    return {e["name"]: e["valueFrom"] for e in container(objects)["env"] if "valueFrom" in e}

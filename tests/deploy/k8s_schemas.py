@@ -6,6 +6,10 @@ its 1.24.1 release, fetched once with ``pip download`` (the same registry every 
 and cached, because two releases of one package cannot be installed side by side. Every check
 uses the ``-strict`` schemas, which reject unknown fields the way a recent API server with
 field validation does (and the way an old one silently drops them).
+
+resource.k8s.io objects whose schema a set lacks fall back to the emulated API server of
+compat_tests/apiserver (the OpenAPI v3 schemas a 1.36 server serves, narrowed to what the
+release being checked knows, plus the server's validation rules), for the releases it models.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ import jsonschema
 import kubernetes_validate
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT4
+
+from compat_tests.apiserver import models, pipeline
 
 OLD_RELEASE = "1.24.1"
 OLD_VERSIONS = [f"1.{minor}" for minor in range(11, 25)]
@@ -137,3 +143,22 @@ def validate(obj: dict[str, Any], schemas: SchemaSet) -> list[str]:
         f"{'/'.join(str(p) for p in error.absolute_path) or '<root>'}: {error.message[:300]}"
         for error in validator.iter_errors(obj)
     ]
+
+
+RESOURCE_GROUP = "resource.k8s.io"
+
+
+def validate_or_fall_back(obj: dict[str, Any], schemas: SchemaSet) -> list[str]:
+    """``validate``, or for a resource.k8s.io object without a schema in ``schemas``, what the
+    emulated API server of that minor would refuse (decoding and validation rules alike)."""
+    errors = validate(obj, schemas)
+    group = str(obj.get("apiVersion", "")).partition("/")[0]
+    if group != RESOURCE_GROUP or not (len(errors) == 1 and errors[0].startswith("no schema ")):
+        return errors
+    if schemas.version not in models.MODELS:
+        return errors
+    try:
+        problems = pipeline.validate(obj, model=schemas.version)
+    except ValueError as exc:  # the release does not have that version at all
+        problems = [str(exc)]
+    return [f"emulated {schemas.version} API server: {p}" for p in problems]

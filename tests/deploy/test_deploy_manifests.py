@@ -7,8 +7,22 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
-from deploy_support import KUSTOMIZATIONS, REPO, load_yaml_file, minor, quantity
-from k8s_schemas import SchemaSet, validate
+from deploy_support import (
+    CDI_DIR,
+    DRA_STATE_DIR,
+    KUSTOMIZATIONS,
+    REGISTRY_DIR,
+    REPO,
+    container,
+    daemonset,
+    env,
+    env_from,
+    load_yaml_file,
+    minor,
+    pod_spec,
+    quantity,
+)
+from k8s_schemas import SchemaSet, validate, validate_or_fall_back
 
 from plugin.cli import config
 
@@ -17,34 +31,25 @@ PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 # hostPath sources the plugin may see, and whether it may write there.
 ALLOWED_HOST_PATHS = {
     PLUGIN_DIR: True,
-    "/var/lib/kubelet/plugins_registry": True,  # the watcher socket lives there
-    "/var/run/cdi": True,  # the CDI specs the plugin writes
+    REGISTRY_DIR: True,  # the watcher socket, and the DRA registration socket, live there
+    CDI_DIR: True,  # the CDI specs the plugin writes
+    # The DRA driver's own directory (its gRPC socket and claim checkpoint), and no other
+    # of /var/lib/kubelet/plugins: other drivers' sockets and state are not its business.
+    DRA_STATE_DIR: True,
     "/sys/class": False,
     "/sys/bus": False,
     "/sys/devices": False,
     "/dev": False,
 }
-CREATED_HOST_PATHS = {"/var/run/cdi"}
+CREATED_HOST_PATHS = {CDI_DIR, DRA_STATE_DIR}
 """Host paths the plugin may create: a node's runtime reads CDI specs there but need not
-have made the directory."""
-
-
-def daemonset(objects: list[dict[str, Any]]) -> dict[str, Any]:
-    (found,) = [o for o in objects if o["kind"] == "DaemonSet"]
-    return found
-
-
-def pod_spec(objects: list[dict[str, Any]]) -> dict[str, Any]:
-    return daemonset(objects)["spec"]["template"]["spec"]
-
-
-def container(objects: list[dict[str, Any]]) -> dict[str, Any]:
-    (only,) = pod_spec(objects)["containers"]
-    return only
-
-
-def env(objects: list[dict[str, Any]]) -> dict[str, str]:
-    return {e["name"]: e["value"] for e in container(objects)["env"]}
+have made the directory, and nobody but the DRA driver makes its own."""
+API_OVERLAYS = {"dra"}
+"""Kustomizations whose pods talk to the API server, and so may carry a ServiceAccount,
+RBAC and a policy; every other one is a DaemonSet alone."""
+DRA_KINDS = ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
+             "ValidatingAdmissionPolicyBinding", "DaemonSet", "DeviceClass"]
+"""What the dra overlay renders, in kustomize's order."""
 
 
 ALL = sorted(KUSTOMIZATIONS)
@@ -56,9 +61,13 @@ ALL = sorted(KUSTOMIZATIONS)
 @pytest.mark.parametrize("name", ALL)
 def test_kustomization_renders_one_daemonset_in_kube_system(rendered, name):
     objects = rendered[name]
-    assert [o["kind"] for o in objects] == ["DaemonSet"], (
-        "no ServiceAccount, RBAC or anything else: the plugin never calls the API server"
-    )
+    if name in API_OVERLAYS:
+        # DRA: the pods publish ResourceSlices and read claims (tests/deploy/test_deploy_dra.py).
+        assert [o["kind"] for o in objects] == DRA_KINDS
+    else:
+        assert [o["kind"] for o in objects] == ["DaemonSet"], (
+            "no ServiceAccount, RBAC or anything else: the plugin never calls the API server"
+        )
     ds = daemonset(objects)
     assert ds["apiVersion"] == "apps/v1"
     assert ds["metadata"]["namespace"] == "kube-system"
@@ -85,7 +94,7 @@ def _check(objects: list[dict[str, Any]], sets: list[SchemaSet], oldest: str) ->
             continue
         checked.append(schemas.version)
         for obj in objects:
-            errors = validate(obj, schemas)
+            errors = validate_or_fall_back(obj, schemas)
             if errors:
                 problems[f"{schemas.version} {obj['kind']}"] = errors[:5]
     return {"checked": checked, "problems": problems}
@@ -132,8 +141,15 @@ def test_pod_has_no_host_namespaces_and_no_service_account_token(rendered, name)
     spec = pod_spec(rendered[name])
     for field in ("hostNetwork", "hostPID", "hostIPC"):
         assert not spec.get(field, False), field
-    assert spec["automountServiceAccountToken"] is False
-    assert "serviceAccountName" not in spec
+    if name in API_OVERLAYS:
+        # Its own account, never "default", and a token the ResourceSlice policy can read
+        # the node from.
+        (account,) = [o for o in rendered[name] if o["kind"] == "ServiceAccount"]
+        assert spec["serviceAccountName"] == account["metadata"]["name"] != "default"
+        assert spec["automountServiceAccountToken"] is True
+    else:
+        assert spec["automountServiceAccountToken"] is False
+        assert "serviceAccountName" not in spec
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -236,17 +252,44 @@ def _flag_variables() -> set[str]:
     return names
 
 
+NOT_WIRED = "this build cannot serve DRA yet"
+"""What serve answers to --api dra|auto until the DRA driver is wired in; the manifests are
+written for the build that has it, so that one refusal (and no other) is let through."""
+SAMPLE_NODE = "fpga-node-1"
+"""What the downward API would put in NODE_NAME."""
+
+
+def parse_serve(args: list[str], monkeypatch: pytest.MonkeyPatch) -> config.Settings:
+    checks = config.settings_problem
+
+    def every_check_but_wiring(settings: config.Settings) -> str | None:
+        problem = checks(settings)
+        return None if problem is not None and NOT_WIRED in problem else problem
+
+    monkeypatch.setattr(config, "settings_problem", every_check_but_wiring)
+    return config.parse(args)
+
+
 @pytest.mark.parametrize("name", ALL)
 def test_environment_is_understood_by_serve_and_healthcheck(rendered, name, monkeypatch):
     values = env(rendered[name])
     unknown = set(values) - _flag_variables()
     assert not unknown, f"no flag reads {sorted(unknown)}"
+    # Only NODE_NAME comes from elsewhere: --node-name's default, from the downward API.
+    assert set(env_from(rendered[name])) <= {"NODE_NAME"}
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    for key in env_from(rendered[name]):
+        monkeypatch.setenv(key, SAMPLE_NODE)
     for key, value in values.items():
         monkeypatch.setenv(key, value)
     c = container(rendered[name])
     assert c["command"] == ["accelerator-device-plugin"] and c["args"] == ["serve"]
-    settings = config.parse(c["args"])
+    settings = parse_serve(c["args"], monkeypatch)
     assert settings.command == "serve"
+    assert settings.api == values.get("ACCELERATOR_DP_API", "device-plugin")
+    if settings.api != "device-plugin":
+        assert settings.node_name == SAMPLE_NODE
+        assert config.socket_path_problem(settings) is None
     assert settings.backend == values["ACCELERATOR_DP_BACKEND"]
     assert settings.device_plugin_dir == Path(PLUGIN_DIR)
     assert settings.heartbeat_file == Path(values["ACCELERATOR_DP_HEARTBEAT_FILE"])
@@ -290,27 +333,31 @@ def test_overlays_pick_their_backend(rendered):
     assert aws["ACCELERATOR_DP_ACCEL_NBUNITS"] == "40"  # the b<>com default
 
 
-def test_only_the_watcher_overlay_mounts_the_plugins_registry(rendered):
+def test_only_the_watcher_and_dra_overlays_mount_the_plugins_registry(rendered):
+    # The watcher overlay registers the device plugin there; DRA drivers register only there.
     for name, manifests in rendered.items():
         (daemonset,) = [m for m in manifests if m["kind"] == "DaemonSet"]
         spec = daemonset["spec"]["template"]["spec"]
         paths = [v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v]
-        registry = "/var/lib/kubelet/plugins_registry"
-        assert (registry in paths) == (name == "plugin-watcher"), name
-    watcher = env(rendered["plugin-watcher"])
-    assert watcher["ACCELERATOR_DP_REGISTRATION"] == "auto"
+        assert (REGISTRY_DIR in paths) == (name in {"plugin-watcher", "dra"}), name
+        # The device plugin keeps kubelet.sock registration unless the watcher is asked for.
+        registration = env(manifests).get("ACCELERATOR_DP_REGISTRATION")
+        assert (registration == "auto") == (name == "plugin-watcher"), name
 
 
-def test_only_the_cdi_overlay_mounts_the_cdi_directory_and_turns_cdi_on(rendered):
+def test_only_the_cdi_and_dra_overlays_mount_the_cdi_directory_and_turn_cdi_on(rendered):
+    # DRA hands containers their devices only as CDI IDs, so it cannot do without.
+    with_cdi = {"cdi", "dra"}
     for name, manifests in rendered.items():
         (daemonset,) = [m for m in manifests if m["kind"] == "DaemonSet"]
         spec = daemonset["spec"]["template"]["spec"]
         paths = [v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v]
-        assert ("/var/run/cdi" in paths) == (name == "cdi"), name
-        assert (env(manifests).get("ACCELERATOR_DP_CDI") == "true") == (name == "cdi"), name
-        if name == "cdi":
+        assert (CDI_DIR in paths) == (name in with_cdi), name
+        assert (env(manifests).get("ACCELERATOR_DP_CDI") == "true") == (name in with_cdi), name
+        if name in with_cdi:
+            assert env(manifests)["ACCELERATOR_DP_CDI_SPEC_DIR"] == CDI_DIR
             (volume,) = [v for v in spec["volumes"]
-                         if v.get("hostPath", {}).get("path") == "/var/run/cdi"]
+                         if v.get("hostPath", {}).get("path") == CDI_DIR]
             # A node whose runtime never made the directory still starts the plugin.
             assert volume["hostPath"]["type"] == "DirectoryOrCreate"
             (container,) = spec["containers"]
