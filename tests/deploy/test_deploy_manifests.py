@@ -252,7 +252,7 @@ def _flag_variables() -> set[str]:
     return names
 
 
-NOT_WIRED = "this build cannot serve DRA yet"
+NOT_WIRED = "choosing DRA or the device plugin per kubelet is not built yet"
 """What serve answers to --api dra|auto until the DRA driver is wired in; the manifests are
 written for the build that has it, so that one refusal (and no other) is let through."""
 SAMPLE_NODE = "fpga-node-1"
