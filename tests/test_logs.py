@@ -30,3 +30,20 @@ def test_json_format_is_one_line_that_decodes_to_the_message(message: str) -> No
     assert len(line.splitlines()) == 1
     assert not any(ch in line for ch in "\x1b\x85\x7f\u2028\u2029")
     assert json.loads(line)["message"] == message
+
+
+def test_the_api_clients_per_request_lines_are_not_logged_at_info(capsys) -> None:
+    from plugin.process.logs import configure
+
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:
+        configure("info", "text")
+        logging.getLogger("httpx2").info("HTTP Request: GET https://api/x 200 OK")
+        logging.getLogger("plugin.test").info("kept")
+        logging.getLogger("httpx2").warning("kept too")
+    finally:
+        root.handlers[:], level = saved
+        root.setLevel(level)
+    err = capsys.readouterr().err
+    assert "HTTP Request" not in err and "kept" in err and "kept too" in err

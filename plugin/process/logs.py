@@ -71,3 +71,7 @@ def configure(level: str = "info", fmt: str = "text") -> None:
     # gRPC's own loggers are chatty at debug and say nothing users can act on.
     logging.getLogger("grpc").setLevel(max(root.level, logging.WARNING))
     logging.getLogger("asyncio").setLevel(max(root.level, logging.WARNING))
+    # The API server client's HTTP layer logs every request at INFO: a line per claim read
+    # and per slice write, none of which a user acts on (failures are logged by the driver).
+    for chatty in ("httpx2", "httpcore2", "lightkube"):
+        logging.getLogger(chatty).setLevel(max(root.level, logging.WARNING))
