@@ -71,7 +71,6 @@ def test_environment_sets_defaults_and_flags_win(monkeypatch: pytest.MonkeyPatch
         (["serve", "--node-name", "Node_1"], {}, "not a DNS subdomain"),
         (["serve", "--dra-driver-name", "a" * 40 + ".b" * 15], {}, "63 characters"),
         (["serve", "--api", "auto"], {"NODE_NAME": "-bad-"}, "not a DNS subdomain"),
-        (["serve", "--api", "auto", "--node-name", "node-1"], {}, "not built yet"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(args, env, words) -> None:

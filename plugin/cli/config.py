@@ -430,9 +430,6 @@ def settings_problem(settings: Settings) -> str | None:
             not settings.node_name:
         return (f"--api {settings.api} needs --node-name (or NODE_NAME from the downward "
                 "API): slices and claims are per node")
-    if settings.command == "serve" and settings.api == "auto":
-        return ("--api auto: choosing DRA or the device plugin per kubelet is not built yet; "
-                "use --api dra or --api device-plugin")
     if settings.command == "serve":
         return socket_path_problem(settings)
     return None

@@ -17,10 +17,9 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from api_versions.negotiate import adapters
-from plugin.cli.config import KUBELET_PLUGINS_DIR, Settings
+from api_versions.negotiate import KUBELET_SOCKET, adapters
+from plugin.cli.config import Settings
 from plugin.discovery.backends.base import Backend
 from plugin.discovery.monitor import DeviceMonitor, TriggerSource
 from plugin.model.devices import DeviceSet
@@ -28,14 +27,12 @@ from plugin.model.feed import DeviceFeed
 from plugin.model.resources import group_by_resource, socket_name_for
 from plugin.process import metrics
 from plugin.process.dirwatch import Change, DirectoryWatcher
+from plugin.process.dra_side import DraSide
 from plugin.process.signals import Meaning, SignalRouter, name_of
 from plugin.process.supervise import MAX_DELAY, supervise
 from plugin.process.ticks import sleep_to_tick
 from plugin.serving.cdi import CdiPolicy, SpecWriter
 from plugin.serving.deviceplugin.server import ResourceServer, Timing
-
-if TYPE_CHECKING:
-    from plugin.serving.dra.driver import DraDriver
 
 log = logging.getLogger(__name__)
 
@@ -67,14 +64,13 @@ class Daemon:
         self.candidates = adapters(self.settings.api_versions)
         self._signals = SignalRouter(self._on_signal)
         self._monitor: DeviceMonitor | None = None
-        self._dra_mode = self.settings.api == "dra"
+        dra = self.settings.api != "device-plugin"
         # DRA hands devices to containers only through CDI: its specs are always written.
-        self._cdi = SpecWriter(self.settings.cdi_spec_dir) \
-            if self.settings.cdi or self._dra_mode else None
-        self._cdi_policies: dict[str, CdiPolicy | None] = {}
-        self._node_feed: DeviceFeed | None = None
-        self.dra: DraDriver | None = None
-        self._dra_task: asyncio.Task[None] | None = None
+        self._cdi = SpecWriter(self.settings.cdi_spec_dir) if self.settings.cdi or dra else None
+        self._last_node: DeviceSet | None = None
+        self.dra_side = DraSide(self.settings, self._cdi, self._stop.is_set,
+                                self._withdraw_all, self._publish_again) \
+            if dra and self._cdi is not None else None
 
     @property
     def directory(self) -> Path:
@@ -126,14 +122,12 @@ class Daemon:
             # while the loops below take their time to end.
             for name in list(self.resources):
                 self._withdraw(name)
-            if self._dra_task is not None:
-                tasks.append(self._dra_task)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await self._drain()
-            if self._cdi is not None and self._dra_mode:
-                self._cdi.remove_all()
+            if self.dra_side is not None:
+                await self.dra_side.close()
         log.info("stopped; sockets removed")
         return 0
 
@@ -144,9 +138,11 @@ class Daemon:
             node, self.settings.resource_mode, self.settings.resource_name,
             self.settings.resource_prefix,
         )
-        if self._dra_mode:
-            await self._publish_for_dra(node, groups)
-            return
+        self._last_node = node
+        if self.dra_side is not None:
+            await self.dra_side.publish(node, groups)
+            if not self.dra_side.device_plugin_allowed:
+                return
         for name, devices in groups.items():
             metrics.devices(name, devices)
             resource = self.resources.get(name)
@@ -159,50 +155,23 @@ class Daemon:
             metrics.devices(name, DeviceSet.of(()))
             await self._retire(name)
 
-    async def _publish_for_dra(self, node: DeviceSet, groups: dict[str, DeviceSet]) -> None:
-        """Specs first, then the devices: a slice may only name devices whose CDI entry is
-        on disk. One feed carries the whole node: one driver, one pool."""
-        assert self._cdi is not None
-        for name in [n for n in self._cdi_policies if n not in groups]:
-            self._cdi.remove(name)
-            del self._cdi_policies[name]
-        for name, devices in groups.items():
-            metrics.devices(name, devices)
-            written = self._cdi.write(name, devices)
-            self._cdi_policies[name] = CdiPolicy.of(name, devices, "cdi") if written else None
-        if self._node_feed is None:
-            self._node_feed = DeviceFeed(node)
-            self._start_dra(self._node_feed)
-        else:
-            await self._node_feed.publish(node)
+    async def _withdraw_all(self) -> None:
+        """Every device-plugin server stopped (the node moves to DRA)."""
+        for name in list(self.resources):
+            self._withdraw(name)
+        await self._drain()
 
-    def _start_dra(self, feed: DeviceFeed) -> None:
-        from plugin.serving.dra.driver import DraDriver, DriverPlace
-
-        settings = self.settings
-        assert settings.node_name is not None
-        place = DriverPlace(
-            driver=settings.dra_driver_name, node=settings.node_name,
-            registry_dir=settings.plugins_registry_dir,
-            state_dir=settings.dra_state_dir or KUBELET_PLUGINS_DIR / settings.dra_driver_name,
-            cdi_dir=settings.cdi_spec_dir, kubeconfig=settings.kubeconfig)
-        self.dra = DraDriver(place, feed, self._dra_cdi_ids)
-        self._dra_task = asyncio.create_task(
-            supervise("DRA driver", self.dra.run, finished=self._stop.is_set), name="DRA driver")
-
-    def _dra_cdi_ids(self, device_id: str) -> list[str]:
-        """The CDI IDs of a device, from the spec of the resource it belongs to."""
-        for policy in self._cdi_policies.values():
-            if policy is not None and device_id in policy.names:
-                return policy.qualified([device_id])
-        return []
+    async def _publish_again(self) -> None:
+        """The last device set published anew (the node moved back from DRA)."""
+        if self._last_node is not None:
+            await self._publish(self._last_node)
 
     def _describe_for_cdi(self, server: ResourceServer, name: str, devices: DeviceSet) -> None:
         """Spec first, names second: a device is named in Allocate only once its spec is on
         disk for the runtime to read. While the spec cannot be written, Allocate answers
         with DeviceSpecs alone, whatever the strategy: a CDI name the runtime cannot
         resolve would fail the container."""
-        if self._cdi is None:
+        if self._cdi is None or not self.settings.cdi:
             return
         written = self._cdi.write(name, devices)
         server.cdi = CdiPolicy.of(
@@ -232,7 +201,7 @@ class Daemon:
 
     def _withdraw(self, name: str) -> None:
         """Stop serving ``name``; its server finishes in the background (see ``_drain``)."""
-        if self._cdi is not None:
+        if self._cdi is not None and self.dra_side is None:  # the DRA side owns them
             self._cdi.remove(name)
         resource = self.resources.pop(name)
         resource.server.stop()
@@ -271,6 +240,8 @@ class Daemon:
                 async for event in watcher.events():
                     for resource in list(self.resources.values()):
                         resource.server.on_dir_event(event)
+                    if self.dra_side is not None and event.name in (KUBELET_SOCKET, None):
+                        self.dra_side.kick()
                     if event.change is Change.DIRECTORY_GONE:
                         break
                 else:
@@ -288,6 +259,8 @@ class Daemon:
             await sleep_to_tick(self.settings.kubelet_check_interval)
             for resource in list(self.resources.values()):
                 resource.server.check()
+            if self.dra_side is not None:
+                self.dra_side.kick()
 
     async def _heartbeat(self) -> None:
         """Touch the heartbeat file only after every live socket answered a real gRPC call."""
@@ -295,8 +268,8 @@ class Daemon:
         assert path is not None
         while True:
             results = [await r.server.self_check() for r in list(self.resources.values())]
-            if self.dra is not None:
-                results.append(await self.dra.self_check())
+            if self.dra_side is not None:
+                results.append(await self.dra_side.self_check())
             if all(results):
                 try:
                     path.parent.mkdir(parents=True, exist_ok=True)

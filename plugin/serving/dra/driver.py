@@ -22,15 +22,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from api_versions.device_classes import extended_resource_names
 from api_versions.k8s_objects import KubeObject
 from api_versions.resource_claims import parse_claim
 from api_versions.resource_slices import slices_for
+from api_versions.watcher import RegistrationOutcome
 from plugin.model.feed import DeviceFeed
-from plugin.serving.dra.apiserver import ApiServer
+from plugin.serving.dra.apiserver import ApiFailure, ApiServer
 from plugin.serving.dra.checkpoint import ClaimCheckpoint
 from plugin.serving.dra.claim_cdi import ClaimSpecs, accelerator_env
 from plugin.serving.dra.claims_model import ClaimAllocation, ClaimRef
@@ -55,10 +57,18 @@ class DriverPlace:
     state_dir: Path
     cdi_dir: Path
     kubeconfig: Path | None = None
+    chosen_per_kubelet: bool = False
+    """``--api auto``: a kubelet refusing the driver is one of the expected answers."""
 
 
 class DraDriver:
-    """Serves the devices of ``feed`` through DRA until cancelled (see the module docstring)."""
+    """The DRA side of one node (see the module docstring).
+
+    With ``--api dra`` :meth:`run` serves the kubelet and publishes until cancelled. With
+    ``--api auto`` the daemon drives the parts itself: :meth:`api_allows` and
+    :meth:`kubelet_verdict` say whether this node can be served through DRA, and publishing
+    starts and stops as the node moves between the device plugin and DRA.
+    """
 
     def __init__(self, place: DriverPlace, feed: DeviceFeed,
                  cdi_ids: Callable[[str], list[str]], api: ApiServer | None = None) -> None:
@@ -68,6 +78,11 @@ class DraDriver:
         self._api = api
         self._pool: Pool | None = None
         self._pool_devices: object = None
+        self._preparer: ClaimPreparer | None = None
+        self._health: HealthBroadcaster | None = None
+        self._follower: asyncio.Task[None] | None = None
+        self._publishing: asyncio.Task[None] | None = None
+        self._verdicts_seen = 0
         self.publisher: SlicePublisher | None = None
         self.service: DraNodeService | None = None
 
@@ -86,36 +101,114 @@ class DraDriver:
               taints: bool) -> list[KubeObject]:
         return slices_for(version, self.pool(), generation, node_uid, taints)
 
+    @property
+    def publishing(self) -> bool:
+        return self._publishing is not None
+
+    @property
+    def api(self) -> ApiServer:
+        if self._api is None:
+            self._api = ApiServer.connect(self.place.kubeconfig)
+        return self._api
+
     async def run(self) -> None:
+        """``--api dra``: serve the kubelet and publish until cancelled."""
+        try:
+            await self.serve_kubelet()
+            self.start_publishing()
+            await asyncio.Event().wait()
+        finally:
+            await self.close()
+
+    async def serve_kubelet(self) -> None:
+        """Put the driver's socket in the kubelet's plugin registry (idempotent)."""
+        if self.service is not None:
+            return
         place = self.place
-        api = self._api or ApiServer.connect(place.kubeconfig)
+        api = self.api
 
         async def read_claim(ref: ClaimRef) -> ClaimAllocation:
             obj = await api.get_claim(ref.namespace, ref.name)
             return parse_claim(api.version or "v1", obj)
 
-        place.state_dir.mkdir(parents=True, exist_ok=True)
-        preparer = ClaimPreparer(
-            place.driver, place.node, self.device_names, read_claim, self._cdi_ids,
-            ClaimCheckpoint(place.state_dir / CHECKPOINT_FILE),
-            claim_specs=ClaimSpecs(place.cdi_dir, place.driver,
-                                   lambda ids: accelerator_env(ids, self.feed.current)))
-        health = HealthBroadcaster(place.node, self.feed, self.device_names)
-        self.publisher = SlicePublisher(api, place.node, place.driver, self.build)
-        self.service = DraNodeService(place.driver, place.registry_dir, preparer, health)
-        log.info("serving %d devices through DRA as driver %s, pool %s", len(self.feed.current),
-                 place.driver, place.node)
+        if self._preparer is None:
+            place.state_dir.mkdir(parents=True, exist_ok=True)
+            self._preparer = ClaimPreparer(
+                place.driver, place.node, self.device_names, read_claim, self._cdi_ids,
+                ClaimCheckpoint(place.state_dir / CHECKPOINT_FILE),
+                claim_specs=ClaimSpecs(place.cdi_dir, place.driver,
+                                       lambda ids: accelerator_env(ids, self.feed.current)))
+            self._health = HealthBroadcaster(place.node, self.feed, self.device_names)
+            self._follower = asyncio.create_task(self._follow_devices(),
+                                                 name="DRA device follower")
+        self.service = DraNodeService(place.driver, place.registry_dir, self._preparer,
+                                      self._health, refusal_expected=place.chosen_per_kubelet)
+        self._verdicts_seen = 0
+        log.info("serving %d devices through DRA as driver %s, pool %s",
+                 len(self.feed.current), place.driver, place.node)
         await self.service.start()
-        follower = asyncio.create_task(self._follow_devices(), name="DRA device follower")
+
+    async def stop_serving_kubelet(self) -> None:
+        service, self.service = self.service, None
+        if service is not None:
+            await service.stop()
+
+    async def kubelet_verdict(self, timeout: float) -> RegistrationOutcome | None:
+        """The kubelet's word on the driver's registration since the last one asked for;
+        None when no kubelet said anything within ``timeout`` seconds."""
+        assert self.service is not None, "serve_kubelet first"
+        outcome = await self.service.verdict_after(self._verdicts_seen, timeout)
+        self._verdicts_seen = self.service.verdicts
+        return outcome
+
+    async def api_allows(self, resource_names: Iterable[str]) -> str | None:
+        """Why the API server does not let this node be served through DRA, or None: it
+        must serve a resource.k8s.io version the driver speaks, and a DeviceClass must map
+        each resource name (otherwise pods asking for it by name would find nothing)."""
         try:
-            await self.publisher.run()
-        finally:
-            follower.cancel()
+            version = await self.api.resource_version()
+            mapped = extended_resource_names(await self.api.device_classes())
+        except ApiFailure as failure:
+            return f"the API server cannot tell ({failure})"
+        missing = sorted(set(resource_names) - set(mapped))
+        if missing:
+            return (f"no DeviceClass maps {', '.join(missing)} (spec.extendedResourceName), "
+                    f"so pods asking for it by name would find nothing through DRA "
+                    f"(resource.k8s.io/{version} is served)")
+        return None
+
+    def start_publishing(self) -> None:
+        if self._publishing is not None:
+            return
+        self.publisher = SlicePublisher(self.api, self.place.node, self.place.driver,
+                                        self.build)
+        self._publishing = asyncio.create_task(self.publisher.run(), name="slice publisher")
+
+    async def stop_publishing(self, withdraw: bool) -> None:
+        """Stop publishing; with ``withdraw`` delete the pool's slices, so the scheduler
+        stops placing DRA claims on a node that no longer serves them."""
+        task, self._publishing = self._publishing, None
+        if task is not None:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await follower
-            await self.service.stop()
-            await health.close()
-            await api.close()
+                await task
+        publisher, self.publisher = self.publisher, None
+        if withdraw and publisher is not None:
+            await publisher.withdraw()
+
+    async def close(self) -> None:
+        await self.stop_publishing(withdraw=False)
+        await self.stop_serving_kubelet()
+        if self._follower is not None:
+            self._follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._follower
+            self._follower = None
+        if self._health is not None:
+            await self._health.close()
+        if self._api is not None:
+            await self._api.close()
+            self._api = None
 
     async def _follow_devices(self) -> None:
         async for _devices in self.feed.subscribe():

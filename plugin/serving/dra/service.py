@@ -72,7 +72,8 @@ class DraNodeService:
 
     def __init__(self, driver: str, registry_dir: Path, preparer: ClaimPreparer,
                  health: HealthBroadcaster | None = None, *,
-                 timing: ServiceTiming | None = None, watch_directory: bool = True) -> None:
+                 timing: ServiceTiming | None = None, watch_directory: bool = True,
+                 refusal_expected: bool = False) -> None:
         self.driver = driver
         self.registry_dir = Path(registry_dir)
         self.socket_path = self.registry_dir / f"{driver}.sock"
@@ -81,6 +82,8 @@ class DraNodeService:
                              f"({MAX_UNIX_PATH} bytes)")
         self.preparer = preparer
         self.health = health
+        self._refusal_level = logging.INFO if refusal_expected else logging.ERROR
+        """Under ``--api auto`` a kubelet without DRA saying no is an answer, not a fault."""
         self.timing = timing or ServiceTiming()
         self.registration: RegistrationOutcome | None = None
         """What the kubelet last said in NotifyRegistrationStatus (None: nothing yet)."""
@@ -88,6 +91,9 @@ class DraNodeService:
         """The claim service the kubelet calls (``"v1.DRAPlugin"``...), known from its first
         call after registration."""
         self.info_calls = 0
+        self.verdicts = 0
+        """NotifyRegistrationStatus calls so far: a new one follows every kubelet start."""
+        self._told = asyncio.Event()
         self.health_streams_opened = 0
         self._router = GenerationRouter()
         self._router.activate({
@@ -273,14 +279,30 @@ class DraNodeService:
         self.info_calls += 1
         log.debug("DRA driver %s: kubelet asked GetInfo", self.driver)
 
+    async def verdict_after(self, seen: int, timeout: float) -> RegistrationOutcome | None:
+        """The kubelet's word on the registration once more than ``seen`` have been given;
+        None if no kubelet said anything within ``timeout`` seconds."""
+        try:
+            async with asyncio.timeout(timeout):
+                while self.verdicts <= seen:
+                    self._told.clear()  # nothing new yet; no await since the check
+                    await self._told.wait()
+        except TimeoutError:
+            return None
+        return self.registration
+
     def _on_status(self, outcome: RegistrationOutcome) -> None:
         self.registration = outcome
+        self.verdicts += 1
+        self._told.set()
         if outcome.registered:
             log.info("DRA driver %s: registered with the kubelet", self.driver)
         else:
-            log.error("DRA driver %s: the kubelet refused the registration: %s", self.driver,
-                      outcome.error or "no reason given")
-        self.kubelet_service = None  # a new registration may pick another service
+            log.log(self._refusal_level, "DRA driver %s: the kubelet refused the "
+                    "registration: %s", self.driver, outcome.error or "no reason given")
+            self.kubelet_service = None
+        # A registration may pick another service; the first call through it says which
+        # (a reset here would race that call when the kubelet's word arrives after it).
 
     def _on_call(self, service: DraService, method: str) -> None:
         if service.role is Role.HEALTH:

@@ -1,0 +1,190 @@
+"""The daemon's DRA side, and with ``--api auto`` the choice of API for this node.
+
+``--api dra`` serves the node through its DRA driver from the first device set on. ``--api
+auto`` decides per kubelet instance (a kubelet is known by the ``kubelet.sock`` it creates at
+every start), as the registration channel is decided:
+
+1. the API server must serve a resource.k8s.io version the driver speaks, and a DeviceClass
+   must map every resource name of the node (``spec.extendedResourceName``), or pods asking for
+   a name would find nothing through DRA;
+2. the kubelet must accept the driver: its socket is put in the plugin registry, and the
+   kubelet's plugin watcher answers (a kubelet without DRA says ``no handler registered for
+   plugin type: DRAPlugin``; one that says nothing within ``--watcher-wait`` counts as no).
+
+DRA when both hold, the device plugin otherwise. The same resource is never offered both ways
+(KEP-5004: a device plugin advertising the name makes the scheduler ignore DRA on the node):
+moving to DRA, the device-plugin servers are withdrawn before the first slice is published;
+moving back, the slices are deleted and the DRA socket removed before a device-plugin server
+registers. So a node upgraded 1.33 -> 1.36 under a running plugin moves to DRA at its first
+1.36 kubelet start, and back at a downgrade, with no restart and only the decision (a few
+milliseconds where the kubelet answers at once) between the two.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from enum import Enum
+from typing import TYPE_CHECKING
+
+from api_versions.negotiate import KUBELET_SOCKET
+from plugin.cli.config import KUBELET_PLUGINS_DIR, Settings
+from plugin.model.devices import DeviceSet
+from plugin.model.feed import DeviceFeed
+from plugin.process import metrics
+from plugin.process.supervise import supervise
+from plugin.serving.cdi import CdiPolicy, SpecWriter
+from plugin.serving.routing import identity
+
+if TYPE_CHECKING:
+    from plugin.serving.dra.driver import DraDriver
+
+log = logging.getLogger(__name__)
+
+
+class NodeApi(Enum):
+    DEVICE_PLUGIN = "the device plugin"
+    DRA = "DRA"
+
+
+class DraSide:
+    """Owns the node feed, the DRA driver and, under ``auto``, the choice between APIs.
+
+    ``withdraw_device_plugin`` stops every device-plugin server (and waits for them);
+    ``republish`` hands the last device set to the daemon again, so that the device-plugin
+    servers come back after the node moved off DRA.
+    """
+
+    def __init__(self, settings: Settings, cdi: SpecWriter, stopping: Callable[[], bool],
+                 withdraw_device_plugin: Callable[[], Awaitable[None]],
+                 republish: Callable[[], Awaitable[None]]) -> None:
+        self.settings = settings
+        self._cdi = cdi
+        self._stopping = stopping
+        self._withdraw_device_plugin = withdraw_device_plugin
+        self._republish = republish
+        self.choice: NodeApi | None = NodeApi.DRA if settings.api == "dra" else None
+        self.driver: DraDriver | None = None
+        self._policies: dict[str, CdiPolicy | None] = {}
+        self._feed: DeviceFeed | None = None
+        self._resources: list[str] = []
+        self._task: asyncio.Task[None] | None = None
+        self._kick = asyncio.Event()
+        self._decided_for: object = None
+
+    @property
+    def device_plugin_allowed(self) -> bool:
+        """Whether device-plugin servers may serve now (never while DRA does)."""
+        return self.choice is NodeApi.DEVICE_PLUGIN
+
+    async def publish(self, node: DeviceSet, groups: dict[str, DeviceSet]) -> None:
+        """Specs first, then the devices: a slice may only name devices whose CDI entry is
+        on disk. One feed carries the whole node: one driver, one pool."""
+        for name in [n for n in self._policies if n not in groups]:
+            self._cdi.remove(name)
+            del self._policies[name]
+        for name, devices in groups.items():
+            metrics.devices(name, devices)
+            written = self._cdi.write(name, devices)
+            self._policies[name] = CdiPolicy.of(name, devices, "cdi") if written else None
+        self._resources = sorted(groups)
+        if self._feed is None:
+            self._feed = DeviceFeed(node)
+            self._start(self._feed)
+        else:
+            await self._feed.publish(node)
+
+    def _start(self, feed: DeviceFeed) -> None:
+        from plugin.serving.dra.driver import DraDriver, DriverPlace
+
+        settings = self.settings
+        assert settings.node_name is not None
+        place = DriverPlace(
+            driver=settings.dra_driver_name, node=settings.node_name,
+            registry_dir=settings.plugins_registry_dir,
+            state_dir=settings.dra_state_dir or KUBELET_PLUGINS_DIR / settings.dra_driver_name,
+            cdi_dir=settings.cdi_spec_dir, kubeconfig=settings.kubeconfig,
+            chosen_per_kubelet=settings.api == "auto")
+        self.driver = DraDriver(place, feed, self.cdi_ids)
+        if settings.api == "dra":
+            self._task = asyncio.create_task(
+                supervise("DRA driver", self.driver.run, finished=self._stopping),
+                name="DRA driver")
+        else:
+            self._task = asyncio.create_task(
+                supervise("node API choice", self._choose_forever, finished=self._stopping),
+                name="node API choice")
+            self.kick()
+
+    def cdi_ids(self, device_id: str) -> list[str]:
+        """The CDI IDs of a device, from the spec of the resource it belongs to."""
+        for policy in self._policies.values():
+            if policy is not None and device_id in policy.names:
+                return policy.qualified([device_id])
+        return []
+
+    def kick(self) -> None:
+        """A kubelet may have started (or the safety net looks): decide again if it did."""
+        self._kick.set()
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        if self.driver is not None:
+            await self.driver.close()
+        self._cdi.remove_all()
+
+    async def self_check(self) -> bool:
+        return True if self.driver is None else await self.driver.self_check()
+
+    async def _choose_forever(self) -> None:
+        while True:
+            await self._kick.wait()
+            self._kick.clear()
+            kubelet = identity(self.settings.device_plugin_dir / KUBELET_SOCKET)
+            if self.choice is not None and kubelet == self._decided_for:
+                continue
+            choice, why = await self._decide()
+            self._decided_for = kubelet
+            await self._apply(choice, why)
+
+    async def _decide(self) -> tuple[NodeApi, str]:
+        driver = self.driver
+        assert driver is not None
+        if not self.settings.plugins_registry_dir.is_dir():
+            return NodeApi.DEVICE_PLUGIN, (f"{self.settings.plugins_registry_dir} does not "
+                                           "exist, so no kubelet can register a DRA driver")
+        refusal = await driver.api_allows(self._resources)
+        if refusal is not None:
+            return NodeApi.DEVICE_PLUGIN, refusal
+        await driver.serve_kubelet()
+        wait = self.settings.watcher_wait
+        verdict = await driver.kubelet_verdict(wait)
+        if verdict is None:
+            return NodeApi.DEVICE_PLUGIN, f"no kubelet registered the DRA driver within {wait:g} s"
+        if not verdict.registered:
+            return NodeApi.DEVICE_PLUGIN, f"the kubelet refused the DRA driver: {verdict.error}"
+        return NodeApi.DRA, ("the kubelet registered the DRA driver and a DeviceClass maps "
+                             f"{', '.join(self._resources)}")
+
+    async def _apply(self, choice: NodeApi, why: str) -> None:
+        driver = self.driver
+        assert driver is not None
+        if choice is not self.choice:
+            log.info("node %s: serving its devices through %s: %s", self.settings.node_name,
+                     choice.value, why)
+        else:
+            log.debug("node %s: still %s: %s", self.settings.node_name, choice.value, why)
+        if choice is NodeApi.DRA:
+            self.choice = choice  # first: no device-plugin server is adopted from now on
+            await self._withdraw_device_plugin()
+            driver.start_publishing()
+            return
+        await driver.stop_publishing(withdraw=True)
+        await driver.stop_serving_kubelet()
+        previous, self.choice = self.choice, choice
+        if previous is not NodeApi.DEVICE_PLUGIN:
+            await self._republish()
