@@ -126,6 +126,8 @@ async def test_a_node_upgraded_and_downgraded_under_one_plugin(cluster, sockdir,
         kubelet = await node.boot("1.36")
         await until(node.dra_offers, "1.36: DRA slices")
         await until(lambda: not node.device_plugin_offers(), "1.36: no device plugin")
+        assert kubelet.register_calls == 0, \
+            "a kubelet that gets DRA never sees a device-plugin registration first"
         assert kubelet.dra is not None
         await kubelet.dra.wait_until(lambda: kubelet.dra.endpoints(DRIVER), SETTLE, "driver")
         claim = api.create_allocated_claim("default", "c", driver=DRIVER, pool=NODE,

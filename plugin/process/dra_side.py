@@ -42,6 +42,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+GATE_SLACK = 15.0
+"""Beyond --watcher-wait, how long a device-plugin server waits for the node's decision: the
+API server calls it makes have their own 10 s timeouts."""
+
 
 class NodeApi(Enum):
     DEVICE_PLUGIN = "the device plugin"
@@ -71,6 +75,7 @@ class DraSide:
         self._resources: list[str] = []
         self._task: asyncio.Task[None] | None = None
         self._kick = asyncio.Event()
+        self._decided = asyncio.Event()
         self._decided_for: object = None
 
     @property
@@ -116,6 +121,27 @@ class DraSide:
                 supervise("node API choice", self._choose_forever, finished=self._stopping),
                 name="node API choice")
             self.kick()
+
+    async def device_plugin_may_serve(self) -> bool:
+        """Whether a device-plugin server may serve the kubelet there now: it waits for the
+        node's API to be decided for that kubelet, so a kubelet that will get DRA never sees
+        a device-plugin registration first. If no decision comes in time (an API server that
+        does not answer), the device plugin serves: nothing is published through DRA then."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.watcher_wait + GATE_SLACK
+        while True:
+            kubelet = identity(self.settings.device_plugin_dir / KUBELET_SOCKET)
+            if self.choice is not None and kubelet == self._decided_for:
+                return self.choice is NodeApi.DEVICE_PLUGIN
+            self._decided.clear()
+            self.kick()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await self._decided.wait()
+            except TimeoutError:
+                log.warning("node %s: no decision between DRA and the device plugin in time; "
+                            "serving the device plugin meanwhile", self.settings.node_name)
+                return self.choice is not NodeApi.DRA
 
     def cdi_ids(self, device_id: str) -> list[str]:
         """The CDI IDs of a device, from the spec of the resource it belongs to."""
@@ -180,11 +206,13 @@ class DraSide:
             log.debug("node %s: still %s: %s", self.settings.node_name, choice.value, why)
         if choice is NodeApi.DRA:
             self.choice = choice  # first: no device-plugin server is adopted from now on
+            self._decided.set()  # servers waiting at the gate learn they will not serve
             await self._withdraw_device_plugin()
             driver.start_publishing()
             return
         await driver.stop_publishing(withdraw=True)
         await driver.stop_serving_kubelet()
         previous, self.choice = self.choice, choice
+        self._decided.set()
         if previous is not NodeApi.DEVICE_PLUGIN:
             await self._republish()

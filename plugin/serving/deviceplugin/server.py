@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +51,10 @@ from plugin.serving.routing import GenerationRouter, identity
 from plugin.serving.socket_claim import SocketHeld
 
 log = logging.getLogger(__name__)
+
+Gate = Callable[[], Awaitable[bool]]
+"""Asked before each round: may the device plugin serve the kubelet now there (``--api
+auto``: not before the node's API is decided for that kubelet, and not if it is DRA)."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,7 @@ class ResourceServer(SocketLifecycle, KubeletSocketChannel, WatcherChannel):
         timing: Timing = Timing(),
         registration: str = "kubelet-socket",
         registry_dir: Path | None = None,
+        gate: Gate | None = None,
     ) -> None:
         self._resource_name = resource_name
         self.directory = directory
@@ -118,6 +123,7 @@ class ResourceServer(SocketLifecycle, KubeletSocketChannel, WatcherChannel):
         self._kubelet_changed = asyncio.Event()
         self.cdi: CdiPolicy | None = None
         """Set by the daemon with --cdi, before each device change is published."""
+        self._gate = gate
 
     # The ServedResource protocol the adapters read.
     @property
@@ -148,6 +154,10 @@ class ResourceServer(SocketLifecycle, KubeletSocketChannel, WatcherChannel):
         """Serve and stay registered until :meth:`stop`; survives any kubelet behaviour."""
         while not self._stop.is_set():
             self._restart.clear()
+            if self._gate is not None and not await self._gate_opens():
+                # This kubelet gets the node through DRA: the daemon withdraws this server.
+                await self._pause(self.timing.round_backoff_max)
+                continue
             self.channel = self._chooser.choose(identity(self.directory / KUBELET_SOCKET))
             if self.channel is Channel.PLUGIN_WATCHER:
                 if not await self._registry_present():
@@ -192,6 +202,19 @@ class ResourceServer(SocketLifecycle, KubeletSocketChannel, WatcherChannel):
                 raise holder.exception()  # type: ignore[misc]
             if self._restart.is_set() and not self._stop.is_set():
                 log.info("%s: serving and negotiating again", self.resource_name)
+
+    async def _gate_opens(self) -> bool:
+        """The gate's answer, or False as soon as the server is stopped while it waits."""
+        assert self._gate is not None
+        answer = asyncio.ensure_future(self._gate())
+        stopped = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({answer, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in (answer, stopped):
+                waiter.cancel()
+            await asyncio.gather(answer, stopped, return_exceptions=True)
+        return not answer.cancelled() and answer.exception() is None and answer.result()
 
     def stop(self) -> None:
         self._stop.set()
