@@ -157,6 +157,22 @@ def test_demo_runs_the_whole_story(kind: str) -> None:
     assert "exit code 0; files left in the device-plugin directory: none" in out
 
 
+def test_migration_demo_moves_one_node_to_dra_and_back() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "plugin", "demo", "--node", "migrate"], capture_output=True,
+        text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    said = [line for line in out.splitlines() if "serving its devices through" in line]
+    assert ["through DRA" in line for line in said] == [False, True, False], said
+    assert out.count("Allocate through v1beta1: ACCELERATOR_UNITS=") == 2
+    assert "the kubelet holds no device-plugin registration: True" in out
+    assert "NodePrepareResources -> CDI devices" in out
+    assert "the container gets ACCELERATOR_UNITS=" in out
+    assert "the slices are withdrawn" in out and "exit code 0" in out
+
+
 async def test_failures_without_kernel_events_are_seen_through_health_files(root, running) -> None:
     """A crashed AFU or a latched port error gives no event; with full rescans 60 s apart,
     only the health-file re-reads can report them within the wait below."""

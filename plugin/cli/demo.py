@@ -30,7 +30,8 @@ from plugin.serving.deviceplugin.server import Timing
 
 RESOURCE = "b-com.com/accelerator"
 SHOWN_LOGGERS = ("api_versions.negotiate", "plugin.serving.deviceplugin",
-                 "plugin.discovery.monitor", "plugin.process.daemon")
+                 "plugin.discovery.monitor", "plugin.process.daemon", "plugin.process.dra_side",
+                 "plugin.serving.dra.publisher")
 
 
 def say(text: str = "") -> None:

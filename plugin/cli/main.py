@@ -80,6 +80,10 @@ def discover(settings: Settings) -> int:
 
 
 def demo(settings: Settings) -> int:
+    if settings.demo_node == "migrate":
+        from plugin.cli.demo_migrate import run_migration_demo
+
+        return asyncio.run(run_migration_demo())
     from plugin.cli.demo import run_demo
 
     return asyncio.run(run_demo(settings.demo_node))

@@ -1,0 +1,153 @@
+"""``accelerator-device-plugin demo --node migrate``: one node moved to DRA and back, live.
+
+A simulated node (fake Intel FPGA sysfs), an emulated 1.36 API server holding a DeviceClass
+that maps ``b-com.com/accelerator`` (KEP-5004), emulated kubelets, and the real daemon with
+``--api auto``. The node's kubelet is 1.33 (no DRA): the same pod request, one
+``b-com.com/accelerator``, is served by the device plugin. The kubelet is upgraded to 1.36
+under the running plugin: the node is served through DRA, the request arrives as a claim, and
+the container gets the same variables through CDI. Downgraded back to 1.33, the device plugin
+serves it again. Nothing is restarted but the kubelet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from api_versions.retry import RetryPolicy
+from compat_tests.apiserver import ApiServerEmulator
+from compat_tests.kubelet import KubeletEmulator
+from compat_tests.kubelet.dra import DraConfig
+from compat_tests.kubelet.dra_results import ClaimRef
+from plugin.cli.config import Settings
+from plugin.cli.demo import RESOURCE, _narration, _until, say, section
+from plugin.discovery.backends import make_backend
+from plugin.discovery.backends.fake_sysfs import build_intel_node
+from plugin.process.daemon import Daemon
+from plugin.serving.deviceplugin.server import Timing
+
+NODE = "fpga-node-1"
+DRIVER = "accelerator.b-com.com"
+
+
+async def run_migration_demo() -> int:
+    root = Path(tempfile.mkdtemp(prefix="dpdra", dir="/tmp"))
+    try:
+        with _narration():
+            await _story(root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+async def _story(root: Path) -> None:
+    node = build_intel_node(root / "node")
+    registry = root / "plugins_registry"
+    registry.mkdir()
+    async with ApiServerEmulator("1.36") as api:
+        api.create_node(NODE)
+        api.create_namespace("default")
+        api.create_device_class(DRIVER, driver=DRIVER, extended_resource_name=RESOURCE)
+        section("A 1.36 API server with a DeviceClass mapping b-com.com/accelerator to DRA")
+        say(f"  DeviceClass {DRIVER}: devices of driver {DRIVER}, "
+            f"extendedResourceName {RESOURCE}")
+
+        async def wipe(node_name: str) -> None:
+            from compat_tests.apiserver.client import ApiClient
+
+            async with ApiClient(api.url, api.token, api.ca_file) as client:
+                await client.delete("/apis/resource.k8s.io/v1/resourceslices",
+                                    fieldSelector=f"spec.nodeName={node_name}")
+
+        config = DraConfig(node_name=NODE, wipe_slices=wipe)
+        settings = Settings(
+            device_plugin_dir=root / "device-plugins", backend="intel",
+            sysfs_root=node.sysfs_root, dev_root=node.dev_root, kubelet_check_interval=1.0,
+            api="auto", node_name=NODE, kubeconfig=api.write_kubeconfig(root / "kubeconfig"),
+            plugins_registry_dir=registry, dra_state_dir=root / "state",
+            cdi_spec_dir=root / "cdi", watcher_wait=2.0,
+            retry=RetryPolicy(attempts=3, max_backoff=0.2, register_timeout=5.0))
+
+        async def boot(model: str) -> KubeletEmulator:
+            kubelet = KubeletEmulator(settings.device_plugin_dir, model,
+                                      plugins_registry=registry, reconcile_period=0.1,
+                                      dra=config)
+            await kubelet.start()
+            return kubelet
+
+        section("The node's kubelet is 1.33 (no DRA); the plugin starts with --api auto")
+        kubelet = await boot("1.33")
+        daemon = Daemon(settings, make_backend("intel", node.config()),
+                        timing=Timing(round_backoff_initial=0.2))
+        serving = asyncio.create_task(daemon.run())
+        await kubelet.wait_for_devices(RESOURCE, timeout=15)
+        await _device_plugin_pod(kubelet)
+
+        section("The node is upgraded to 1.36 under the running plugin")
+        await kubelet.stop()
+        began = time.perf_counter()
+        kubelet = await boot("1.36")
+        await _until(lambda: _slices(api), timeout=15)
+        say(f"  {len(_slices(api))} ResourceSlice(s) published "
+            f"{(time.perf_counter() - began) * 1000:.0f} ms after the 1.36 kubelet started; "
+            f"the kubelet holds no device-plugin registration: "
+            f"{not kubelet.is_connected(RESOURCE)}")
+        device = _slices(api)[0]["spec"]["devices"][0]
+        attributes = ", ".join(f"{k}={next(iter(v.values()))}"
+                               for k, v in sorted(device["attributes"].items())[:5])
+        say(f"  device {device['name']}: {attributes}, ...")
+        await _dra_pod(api, kubelet, root / "cdi")
+
+        section("The node is downgraded back to 1.33")
+        await kubelet.stop()
+        kubelet = await boot("1.33")
+        await kubelet.wait_for_devices(RESOURCE, timeout=15)
+        await _until(lambda: not _slices(api), timeout=15)
+        say("  the slices are withdrawn; the device plugin serves the node again")
+        await _device_plugin_pod(kubelet)
+
+        section("The plugin is stopped")
+        daemon.stop()
+        code = await serving
+        await kubelet.stop()
+        say(f"  exit code {code}")
+        say()
+
+
+def _slices(api: ApiServerEmulator) -> list[dict]:
+    return [s for s in api.list("resourceslices") if s["spec"]["nodeName"] == NODE]
+
+
+async def _device_plugin_pod(kubelet: KubeletEmulator) -> None:
+    chosen = sorted(kubelet.devices(RESOURCE))[:1]
+    granted = await kubelet.allocate(RESOURCE, chosen)
+    say(f"  a pod asks for {RESOURCE}: 1 -> Allocate through {kubelet.generation}: "
+        f"ACCELERATOR_UNITS={granted.envs['ACCELERATOR_UNITS']}")
+
+
+async def _dra_pod(api: ApiServerEmulator, kubelet: KubeletEmulator, cdi: Path) -> None:
+    assert kubelet.dra is not None
+    await kubelet.dra.wait_until(lambda: kubelet.dra.endpoints(DRIVER), 15.0, "registered")
+    device = _slices(api)[0]["spec"]["devices"][0]["name"]
+    claim = api.create_allocated_claim("default", "pod-accelerators", driver=DRIVER, pool=NODE,
+                                       devices=[device], node_name=NODE)
+    say(f"  the same pod request ({RESOURCE}: 1) -> the scheduler's claim "
+        f"default/pod-accelerators, allocated {NODE}/{device}")
+    ref = ClaimRef("default", "pod-accelerators", claim["metadata"]["uid"], (DRIVER,))
+    outcome = await kubelet.dra.prepare([ref])
+    ids = outcome.cdi_ids(ref.uid)
+    say(f"  NodePrepareResources -> CDI devices {', '.join(ids)}")
+    for spec_file in sorted(cdi.glob("*.json")):
+        spec = json.loads(spec_file.read_text())
+        for entry in spec["devices"]:
+            if f"{spec['kind']}={entry['name']}" in ids:
+                edits = entry["containerEdits"]
+                for env in edits.get("env", []):
+                    say(f"  the container gets {env}")
+                for dev in edits.get("deviceNodes", []):
+                    say(f"  the container gets device node {dev['path']}")
+    await kubelet.dra.unprepare([ref])
