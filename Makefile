@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml build_support/backend.py $(wildcard protos/*/api.proto)
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/accelerator-device-plugin demo
+	$(BIN)/accelerator-device-plugin demo $(if $(DEMO),--node $(DEMO))
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
