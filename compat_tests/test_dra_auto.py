@@ -16,17 +16,16 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from compat_tests.apiserver import ApiServerEmulator
 from compat_tests.conftest import FAST_DRA
+from compat_tests.dra_support import until, wiper
 from compat_tests.kubelet import KubeletEmulator
 from compat_tests.kubelet.dra import DraConfig
 from compat_tests.kubelet.dra_results import ClaimRef
 from compat_tests.plugin_process import PluginProcess
-from compat_tests.test_dra_serve import wiper
 from plugin.discovery.backends.fake_sysfs import FakeNode
 
 NODE = "node-a"
@@ -71,16 +70,6 @@ class Node:
             if self.device_plugin_offers() and self.dra_offers():
                 self.both_seen += 1
             await asyncio.sleep(0.005)
-
-
-async def until(condition: Any, what: str, timeout: float = SETTLE) -> float:
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    while not condition():
-        if loop.time() - start > timeout:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        await asyncio.sleep(0.005)
-    return loop.time() - start
 
 
 def start_plugin(sockdir: Path, logdir: Path, registry: Path, fake: FakeNode,

@@ -20,6 +20,7 @@ import pytest
 from api_versions.resource_slices import slices_for
 from compat_tests.apiserver import ApiServerEmulator, validate
 from compat_tests.apiserver.client import ApiClient
+from compat_tests.dra_support import until
 from plugin.discovery.backends.fake_sysfs import CRASHED_AFU_ID, FakeNode
 from plugin.discovery.backends.intel import IntelBackend
 from plugin.model.devices import DeviceSet
@@ -97,16 +98,6 @@ def slices(server: ApiServerEmulator, version: str = "v1") -> list[dict]:
 
 def device_names(server: ApiServerEmulator) -> list[str]:
     return sorted(d["name"] for s in slices(server) for d in s["spec"].get("devices", []))
-
-
-async def until(condition, what: str, timeout: float = SETTLE) -> float:
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    while not condition():
-        if loop.time() - start > timeout:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        await asyncio.sleep(0.01)
-    return loop.time() - start
 
 
 async def test_the_pool_is_published_owned_by_the_node_and_valid(server, connect):

@@ -10,7 +10,6 @@ server outage answered with a clear per-claim error while serving goes on.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -20,8 +19,8 @@ from typing import Any
 import pytest
 
 from compat_tests.apiserver import ApiServerEmulator, validate
-from compat_tests.apiserver.client import ApiClient
 from compat_tests.conftest import FAST_DRA
+from compat_tests.dra_support import until, wiper
 from compat_tests.kubelet import KubeletEmulator
 from compat_tests.kubelet.dra import DraConfig
 from compat_tests.kubelet.dra_results import ClaimRef
@@ -63,27 +62,6 @@ class DraWorld:
         self.kubelet = KubeletEmulator(self.sockdir, model, plugins_registry=self.registry,
                                        reconcile_period=0.05, dra=self.config)
         await self.kubelet.start()
-
-
-async def until(condition: Any, what: str, timeout: float = SETTLE) -> float:
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    while not condition():
-        if loop.time() - start > timeout:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        await asyncio.sleep(0.01)
-    return loop.time() - start
-
-
-def wiper(api: ApiServerEmulator) -> Any:
-    """What a starting kubelet does to its node's slices (DeleteCollection by node)."""
-
-    async def wipe(node: str) -> None:
-        async with ApiClient(api.url, api.token, api.ca_file) as client:
-            await client.delete("/apis/resource.k8s.io/v1/resourceslices",
-                                fieldSelector=f"spec.nodeName={node}")
-
-    return wipe
 
 
 def serve(sockdir: Path, logdir: Path, registry: Path, fake: FakeNode, kubeconfig: Path,
