@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from deploy_support import REPO
+from deploy_support import REPO, daemonset, render
 
 RUN = REPO / "compat_tests" / "kind" / "run.sh"
 MATRIX = REPO / "compat_tests" / "kind" / "matrix.txt"
 WORKFLOW = REPO / ".github" / "workflows" / "kind-matrix.yml"
+KIND_DRA = REPO / "compat_tests" / "kind" / "dra"
 
 
 def matrix_entries() -> list[dict[str, str]]:
@@ -146,6 +147,46 @@ def test_script_fails_when_a_check_does_not_hold(tmp_path, fake, complaint):
     assert done.returncode == 1
     assert complaint in done.stderr
     assert done.stdout.strip().splitlines()[-1] == "kind: 0 passed, 1 failed"
+
+
+# --- the DRA entry's overlay ----------------------------------------------------------------
+
+
+def test_kind_dra_overlay_is_the_dra_overlay_with_the_kind_units_settings(kubectl):
+    """compat_tests/kind/dra: the dra overlay (its cluster-wide objects unchanged) with the
+    image and units backend that compat_tests/kind gives the base, and nothing else."""
+    kind_dra = render(kubectl, KIND_DRA)
+    dra = render(kubectl, REPO / "deploy" / "overlays" / "dra")
+    kind = render(kubectl, REPO / "compat_tests" / "kind")
+    base = render(kubectl, REPO / "deploy" / "base")
+    assert [o for o in kind_dra if o["kind"] != "DaemonSet"] == \
+        [o for o in dra if o["kind"] != "DaemonSet"]
+
+    def parts(objects: list[dict]) -> tuple[dict, dict, list, list, str]:
+        """The DaemonSet without env, mounts, volumes and image; and those four."""
+        ds = yaml.safe_load(yaml.safe_dump(daemonset(objects)))
+        spec = ds["spec"]["template"]["spec"]
+        (c,) = spec["containers"]
+        env = {e["name"]: e for e in c.pop("env")}
+        return ds, env, c.pop("volumeMounts"), spec.pop("volumes"), c.pop("image")
+
+    ours, ours_env, ours_mounts, ours_volumes, ours_image = parts(kind_dra)
+    dra_rest, dra_env, dra_mounts, dra_volumes, _ = parts(dra)
+    _, base_env, base_mounts, base_volumes, _ = parts(base)
+    _, kind_env, kind_mounts, kind_volumes, kind_image = parts(kind)
+    assert ours == dra_rest
+    assert ours_image == kind_image == "k8s-accelerator-devplugin:kind"
+    # What compat_tests/kind changes in the base, applied to the dra overlay.
+    dropped = set(base_env) - set(kind_env)
+    changed = {name: e for name, e in kind_env.items() if base_env.get(name) != e}
+    assert ours_env == {**{n: e for n, e in dra_env.items() if n not in dropped}, **changed}
+    assert ours_mounts == [m for m in dra_mounts if m in kind_mounts or m not in base_mounts]
+    assert ours_volumes == [v for v in dra_volumes if v in kind_volumes or v not in base_volumes]
+    values = {name: e.get("value") for name, e in ours_env.items()}
+    assert values["ACCELERATOR_DP_BACKEND"] == "units"
+    assert values["ACCELERATOR_DP_ACCEL_NBUNITS"] == "40"
+    assert values["ACCELERATOR_DP_API"] == "auto"
+    assert not [m for m in ours_mounts if m["mountPath"].startswith("/host/")]
 
 
 def test_script_is_executable():
