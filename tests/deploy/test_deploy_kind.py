@@ -20,15 +20,16 @@ RUN = REPO / "compat_tests" / "kind" / "run.sh"
 MATRIX = REPO / "compat_tests" / "kind" / "matrix.txt"
 WORKFLOW = REPO / ".github" / "workflows" / "kind-matrix.yml"
 KIND_DRA = REPO / "compat_tests" / "kind" / "dra"
+APIS = ("device-plugin", "dra")
 
 
 def matrix_entries() -> list[dict[str, str]]:
     entries = []
     for line in MATRIX.read_text().splitlines():
         if line.strip() and not line.startswith("#"):
-            kubernetes, kind, node_image, overlay = line.split()
+            kubernetes, kind, node_image, overlay, api = line.split()
             entries.append({"kubernetes": kubernetes, "kind": kind, "node_image": node_image,
-                            "overlay": overlay})
+                            "overlay": overlay, "api": api})
     return entries
 
 
@@ -84,6 +85,15 @@ def test_workflow_matrix_is_the_matrix_file():
         # Clusters before 1.21 need the legacy overlay (no maxSurge, seccomp annotation).
         legacy = int(entry["kubernetes"].split(".")[1]) < 21
         assert entry["overlay"].endswith("legacy") is legacy
+        # The API decides the checks; the dra overlay is the only one that can pass the DRA
+        # ones, and only where extendedResourceName is on without a feature gate (1.36+:
+        # cluster.yaml sets none).
+        assert entry["api"] in APIS
+        assert (entry["overlay"] == "compat_tests/kind/dra") is (entry["api"] == "dra")
+        if entry["api"] == "dra":
+            assert int(entry["kubernetes"].split(".")[1]) >= 36
+    step = workflow["jobs"]["kind"]["steps"][-1]
+    assert step["env"]["API"] == "${{ matrix.api }}" and '--api "$API"' in step["run"]
 
 
 # --- the script's checks, against stub tools -----------------------------------------------
@@ -93,7 +103,7 @@ echo "docker $*" >> "$CALLS"
 """
 STUB_KIND = """#!/usr/bin/env bash
 echo "kind $*" >> "$CALLS"
-if [[ $1 == version ]]; then echo "kind v0.29.0 go1.24 linux/amd64"; fi
+if [[ $1 == version ]]; then echo "kind ${FAKE_KIND_VERSION:-v0.29.0} go1.24 linux/amd64"; fi
 """
 STUB_KUBECTL = """#!/usr/bin/env bash
 echo "kubectl $*" >> "$CALLS"
@@ -107,7 +117,8 @@ esac
 """
 
 
-def run_with_stubs(tmp_path: Path, **fake: str) -> tuple[subprocess.CompletedProcess[str], str]:
+def run_with_stubs(tmp_path: Path, *args: str, **fake: str
+                   ) -> tuple[subprocess.CompletedProcess[str], str]:
     stubs = tmp_path / "stubs"
     stubs.mkdir()
     for name, body in (("docker", STUB_DOCKER), ("kind", STUB_KIND), ("kubectl", STUB_KUBECTL)):
@@ -116,8 +127,8 @@ def run_with_stubs(tmp_path: Path, **fake: str) -> tuple[subprocess.CompletedPro
     calls = tmp_path / "calls"
     env = {"PATH": f"{stubs}:/usr/bin:/bin", "CALLS": str(calls), "KIND_TIMEOUT": "2",
            "FAKE_ALLOCATABLE": "40", "FAKE_LOG": "ACCELERATOR_UNITS=7", **fake}
-    done = subprocess.run(["/bin/bash", str(RUN)], capture_output=True, text=True, env=env,
-                          timeout=120, check=False, cwd=tmp_path)
+    done = subprocess.run(["/bin/bash", str(RUN), *args], capture_output=True, text=True,
+                          env=env, timeout=120, check=False, cwd=tmp_path)
     return done, calls.read_text() if calls.exists() else ""
 
 
@@ -128,11 +139,15 @@ def test_script_passes_when_every_check_holds(tmp_path):
     assert f"docker build -f {REPO}/Dockerfile.multistage" in calls
     assert "kind load docker-image k8s-accelerator-devplugin:kind --name accel-v1-33-1" in calls
     assert "label node accel-v1-33-1-worker accelerators.b-com.com/fpga=true" in calls
-    assert f"apply -k {REPO}/compat_tests/kind" in calls
+    assert f"apply -k {REPO}/compat_tests/kind\n" in calls
     assert f"apply -f {REPO}/deploy/pod-example.yml" in calls
     assert "kind delete cluster --name accel-v1-33-1" in calls.splitlines()[-1]
     # Entries built for other kind releases are skipped, and said to be.
     assert "skip 1.21: its node image is built for kind v0.16.0" in done.stderr
+    # A device-plugin entry: none of the DRA steps.
+    for dra_only in ("resourceslices", "deviceclass", "dra/cluster", "containerd config dump",
+                     "extendedResourceClaimStatus"):
+        assert dra_only not in calls
 
 
 @pytest.mark.parametrize(("fake", "complaint"), [
@@ -147,6 +162,13 @@ def test_script_fails_when_a_check_does_not_hold(tmp_path, fake, complaint):
     assert done.returncode == 1
     assert complaint in done.stderr
     assert done.stdout.strip().splitlines()[-1] == "kind: 0 passed, 1 failed"
+
+
+def test_script_refuses_an_unknown_api(tmp_path):
+    done, calls = run_with_stubs(tmp_path, "--node-image", "kindest/node:v1.36.1", "--api", "cri")
+    assert done.returncode == 2
+    assert "--api must be device-plugin or dra, not cri" in done.stderr
+    assert calls == ""
 
 
 # --- the DRA entry's overlay ----------------------------------------------------------------
