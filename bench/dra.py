@@ -197,8 +197,9 @@ def run() -> list[Row]:
             "interleaved with the row below; bench/reference_dra_driver.py: same grpc.aio "
             "and lightkube, one claim GET, canned CDI ID, no checkpoint"),
         Row("DRA prepare, serve --api dra, p50 / p99", pair("ours"), "",
-            "claim GET from the emulated 1.36 API server, checks, claim CDI spec written, "
-            "checkpoint fsync'd; default log level; 1.36 kubelet, v1.DRAPlugin"),
+            "claim GET from the emulated 1.36 API server, checks, claim CDI spec written (tmpfs, "
+            "as /var/run/cdi), checkpoint written and fsync'd (disk); default log level; "
+            "1.36 kubelet, v1.DRAPlugin"),
         Row("DRA prepare, ours / reference (p50)", f"{ratio:.2f}x", "<= 1.2x",
             f"{'met' if ratio <= 1.2 else 'NOT met'}; what the driver adds over the floor"),
         Row("DRA unprepare p50, ours / reference",

@@ -6,16 +6,21 @@ backing off from 1 s) in this process, ``serve --api dra`` (Intel backend on a f
 six ports, default log level: every claim logged, as on a real node) and the minimal
 reference driver (:mod:`bench.reference_dra_driver`) as processes of their own, both
 registered through the same plugins registry with the same kubelet and reading claims from the
-same API server. Slices are followed through the emulator's store: a watcher of its own on
-the node's ResourceSlices stamps each change at the instant the store commits it.
+same API server. As on a node, the claim checkpoint (``--dra-state-dir``, under
+/var/lib/kubelet) is on disk and the CDI specs (``--cdi-spec-dir``, /var/run/cdi) on a tmpfs
+(/dev/shm here), where an fsync costs nothing. Slices are followed through the emulator's
+store: a watcher of its own on the node's ResourceSlices stamps each change at the instant
+the store commits it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -122,12 +127,24 @@ class DraWorld:
                              PATIENCE, "both drivers registered")
 
 
-def dra_serve_command(root: Path, node: FakeNode, *python: str) -> list[str]:
+def cdi_directory(root: Path) -> Path:
+    """A fresh directory on a tmpfs, as /var/run/cdi is on a node; under ``root`` (with a
+    warning on stderr) if this machine has no tmpfs at /dev/shm. The caller removes it."""
+    mounts = Path("/proc/mounts").read_text().split("\n")
+    if any(line.split()[1:3] == ["/dev/shm", "tmpfs"] for line in mounts if line):
+        return Path(tempfile.mkdtemp(prefix="dpdra-cdi", dir="/dev/shm"))
+    print("bench.dra: no tmpfs at /dev/shm; CDI specs on disk (fsyncs cost more than on a "
+          "node)", file=sys.stderr)
+    (root / "cdi").mkdir()
+    return root / "cdi"
+
+
+def dra_serve_command(root: Path, node: FakeNode, cdi: Path, *python: str) -> list[str]:
     command = serve_command(
         root / "kubelet", "--log-level", "info", "--api", "dra", "--node-name", NODE,
         "--kubeconfig", str(root / "kubeconfig"), "--plugins-registry-dir",
         str(root / "registry"), "--dra-state-dir", str(root / "state"), "--cdi-spec-dir",
-        str(root / "cdi"), "--backend", "intel", "--sysfs-root", str(node.sysfs_root),
+        str(cdi), "--backend", "intel", "--sysfs-root", str(node.sysfs_root),
         "--dev-root", str(node.dev_root))
     return [command[0], *python, *command[1:]]
 
@@ -137,6 +154,8 @@ async def dra_world(root: Path, node: FakeNode, devices: int, stderr: Path):
     """The world above, with ``devices`` devices published and both drivers registered;
     ``serve`` runs under ``-X importtime`` with its stderr in ``stderr``."""
     async with contextlib.AsyncExitStack() as stack:
+        cdi = cdi_directory(root)
+        stack.callback(shutil.rmtree, cdi, True)
         api = await stack.enter_async_context(ApiServerEmulator(MODEL))
         api.create_node(NODE)
         api.create_namespace(NAMESPACE)
@@ -150,7 +169,7 @@ async def dra_world(root: Path, node: FakeNode, devices: int, stderr: Path):
                                   dra=config)
         await kubelet.start()
         with open(stderr, "wb") as out:
-            serve = subprocess.Popen(dra_serve_command(root, node, "-X", "importtime"),
+            serve = subprocess.Popen(dra_serve_command(root, node, cdi, "-X", "importtime"),
                                      stdout=subprocess.DEVNULL, stderr=out)
         stack.callback(_stop, serve)
         reference = subprocess.Popen(
