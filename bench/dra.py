@@ -69,17 +69,18 @@ def _client_loaded(pid: int, stderr: Path) -> list[str]:
     return sorted(imported) + ([f"{CLIENT_SHARED_OBJECT} .so"] if mapped else [])
 
 
-async def _claims(world: DraWorld) -> dict[str, dict[str, list[float]]]:
+async def _claims(world: DraWorld, count: int = CLAIMS, warm_up: int = WARM_UP,
+                  tag: str = "") -> dict[str, dict[str, list[float]]]:
     """Prepare and unprepare figures of each driver, taking turns claim by claim."""
     devices = sorted(world.published())
     drivers = {"ours": DRIVER, "reference": REFERENCE}
-    claims = {name: [world.claim(f"{name}-{n}", driver, devices[n % len(devices)])
-                     for n in range(WARM_UP + CLAIMS)] for name, driver in drivers.items()}
+    claims = {name: [world.claim(f"{name}-{tag}{n}", driver, devices[n % len(devices)])
+                     for n in range(warm_up + count)] for name, driver in drivers.items()}
     figures = {name: {"prepare": [], "unprepare": []} for name in drivers}
     names = list(drivers)
     dra = world.kubelet.dra
     assert dra is not None
-    for n in range(WARM_UP + CLAIMS):
+    for n in range(warm_up + count):
         for name in names[n % len(names):] + names[:n % len(names)]:
             if n >= len(devices):
                 gone = claims[name][n - len(devices)]
@@ -87,14 +88,14 @@ async def _claims(world: DraWorld) -> dict[str, dict[str, list[float]]]:
                 outcome = await dra.unprepare([gone])
                 took = time.perf_counter() - began
                 _check(outcome.ok, name, gone, outcome.error)
-                if n >= WARM_UP:
+                if n >= warm_up:
                     figures[name]["unprepare"].append(took)
             claim = claims[name][n]
             began = time.perf_counter()
             outcome = await dra.prepare([claim])
             took = time.perf_counter() - began
             _check(outcome.ok and bool(outcome.cdi_ids(claim.uid)), name, claim, outcome.error)
-            if n >= WARM_UP:
+            if n >= warm_up:
                 figures[name]["prepare"].append(took)
     return figures
 

@@ -139,20 +139,31 @@ def cdi_directory(root: Path) -> Path:
     return root / "cdi"
 
 
-def dra_serve_command(root: Path, node: FakeNode, cdi: Path, *python: str) -> list[str]:
+SERVE = ("-X", "importtime", "-m", "plugin")
+"""How the benchmarks start ``serve``: imports logged (what it loaded is checked)."""
+REFERENCE_DRIVER = ("-m", "bench.reference_dra_driver")
+
+
+def dra_serve_command(root: Path, node: FakeNode, cdi: Path,
+                      launcher: tuple[str, ...] = SERVE) -> list[str]:
+    """``python LAUNCHER serve --api dra ...`` on this world's directories."""
     command = serve_command(
         root / "kubelet", "--log-level", "info", "--api", "dra", "--node-name", NODE,
         "--kubeconfig", str(root / "kubeconfig"), "--plugins-registry-dir",
         str(root / "registry"), "--dra-state-dir", str(root / "state"), "--cdi-spec-dir",
         str(cdi), "--backend", "intel", "--sysfs-root", str(node.sysfs_root),
         "--dev-root", str(node.dev_root))
-    return [command[0], *python, *command[1:]]
+    assert command[1:3] == ["-m", "plugin"]
+    return [command[0], *launcher, *command[3:]]
 
 
 @contextlib.asynccontextmanager
-async def dra_world(root: Path, node: FakeNode, devices: int, stderr: Path):
+async def dra_world(root: Path, node: FakeNode, devices: int, stderr: Path,
+                    serve: tuple[str, ...] = SERVE,
+                    reference: tuple[str, ...] = REFERENCE_DRIVER):
     """The world above, with ``devices`` devices published and both drivers registered;
-    ``serve`` runs under ``-X importtime`` with its stderr in ``stderr``."""
+    ``serve`` started as ``python SERVE serve ...`` (stderr in ``stderr``), the reference
+    as ``python REFERENCE REGISTRY KUBECONFIG``."""
     async with contextlib.AsyncExitStack() as stack:
         cdi = cdi_directory(root)
         stack.callback(shutil.rmtree, cdi, True)
@@ -169,14 +180,14 @@ async def dra_world(root: Path, node: FakeNode, devices: int, stderr: Path):
                                   dra=config)
         await kubelet.start()
         with open(stderr, "wb") as out:
-            serve = subprocess.Popen(dra_serve_command(root, node, cdi, "-X", "importtime"),
-                                     stdout=subprocess.DEVNULL, stderr=out)
-        stack.callback(_stop, serve)
-        reference = subprocess.Popen(
-            [sys.executable, "-m", "bench.reference_dra_driver", str(root / "registry"),
-             str(root / "kubeconfig")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        stack.callback(_stop, reference)
-        world = DraWorld(root, api, node, config, kubelet, serve, reference, timeline)
+            serving = subprocess.Popen(dra_serve_command(root, node, cdi, serve),
+                                       stdout=subprocess.DEVNULL, stderr=out)
+        stack.callback(_stop, serving)
+        referencing = subprocess.Popen(
+            [sys.executable, *reference, str(root / "registry"), str(root / "kubeconfig")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        stack.callback(_stop, referencing)
+        world = DraWorld(root, api, node, config, kubelet, serving, referencing, timeline)
         stack.push_async_callback(lambda: world.kubelet.stop())
         await timeline.until(lambda names: len(names) == devices, "every device published")
         await world.registered()
