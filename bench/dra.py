@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench.dra_world import DRIVER, REFERENCE, DraWorld, dra_world
@@ -114,13 +115,11 @@ async def _hotplug(world: DraWorld) -> list[float]:
         world.node.remove_port(port)
         await world.timeline.until(lambda names: len(names) == len(everything) - 1,
                                    "the port gone from the slices")
-        added: list[str] = []
         began = time.perf_counter()
-        added.append(world.node.add_port(HOTPLUGGED))
+        port = world.node.add_port(HOTPLUGGED)
         back = await world.timeline.until(lambda names: names == everything,
                                           "the port back in the slices")
         figures.append(back - began)
-        port = added[0]
     return figures
 
 
@@ -137,16 +136,23 @@ async def _kubelet_starts(world: DraWorld) -> list[float]:
     return figures
 
 
-async def _dra(root: Path, node: FakeNode) -> dict[str, object]:
+@dataclass
+class DraFigures:
+    claims: dict[str, dict[str, list[float]]]
+    hotplug: list[float]
+    starts: list[float]
+    rss: float
+    loaded: list[str]
+
+
+async def _dra(root: Path, node: FakeNode) -> DraFigures:
     stderr = root / "dra-serve.stderr"
     async with dra_world(root, node, PORTS, stderr) as world:
         claims = await _claims(world)
         hotplug = await _hotplug(world)
         starts = await _kubelet_starts(world)
-        rss = _rss_mib(world.serve.pid)
-        loaded = _client_loaded(world.serve.pid, stderr)
-    return {"claims": claims, "hotplug": hotplug, "starts": starts, "rss": rss,
-            "loaded": loaded}
+        return DraFigures(claims, hotplug, starts, _rss_mib(world.serve.pid),
+                          _client_loaded(world.serve.pid, stderr))
 
 
 async def _device_plugin(directory: Path, node: FakeNode) -> tuple[float, list[str]]:
@@ -181,11 +187,8 @@ def run() -> list[Row]:
         figures = asyncio.run(_dra(dra_root, node))
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    claims = figures["claims"]
-    hotplug, starts = figures["hotplug"], figures["starts"]
-    dra_rss, dra_loaded = figures["rss"], figures["loaded"]
-    assert isinstance(claims, dict) and isinstance(hotplug, list) and isinstance(starts, list)
-    assert isinstance(dra_rss, float) and isinstance(dra_loaded, list)
+    claims, hotplug, starts = figures.claims, figures.hotplug, figures.starts
+    dra_rss, dra_loaded = figures.rss, figures.loaded
 
     def pair(name: str, what: str = "prepare") -> str:
         values = claims[name][what]

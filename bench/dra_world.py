@@ -72,7 +72,10 @@ class SliceTimeline(Watcher):
         """The commit time of the first change, from now on, after which ``condition``
         holds of the untainted device names published for the node."""
         while True:
-            stamp, names = await asyncio.wait_for(self.queue.get(), PATIENCE)
+            try:
+                stamp, names = await asyncio.wait_for(self.queue.get(), PATIENCE)
+            except TimeoutError:
+                raise TimeoutError(f"no {what} within {PATIENCE:g} s") from None
             if condition(names):
                 return float(stamp)
 
