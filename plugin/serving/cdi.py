@@ -51,18 +51,16 @@ problem and never stops device serving.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
-import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from plugin.model.devices import Device, DeviceSet
+from plugin.serving.files import replace_atomically
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +225,7 @@ class SpecWriter:
             return True
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            _replace_atomically(self.directory / spec_file_name(content["kind"]), text)
+            replace_atomically(self.directory / spec_file_name(content["kind"]), text)
         except OSError as exc:
             self._written.pop(resource, None)
             self._report(f"cannot write the CDI spec of {resource} into {self.directory}: "
@@ -256,21 +254,3 @@ class SpecWriter:
         if message not in self._reported:
             self._reported.add(message)
             log.error("%s", message)
-
-
-def _replace_atomically(path: Path, text: str) -> None:
-    """Temporary file beside ``path`` (same file system, so the rename is atomic; its
-    ``.tmp`` suffix keeps runtimes, which read ``*.json`` and ``*.yaml``, off it), fsync,
-    then rename: a reader sees the old spec or the new one, never part of either."""
-    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise

@@ -33,7 +33,8 @@ from typing import Any
 
 from plugin.model.allocation import ENV_DEVICES, ENV_UNITS, UNITS_BACKEND
 from plugin.model.devices import DeviceSet
-from plugin.serving.cdi import _replace_atomically, device_name, kind_of
+from plugin.serving.cdi import device_name, kind_of
+from plugin.serving.files import replace_atomically
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +92,8 @@ class ClaimSpecs:
         name = self.file_name(claim_uid)
         text = json.dumps(self.spec(claim_uid, requests), indent=2, sort_keys=True) + "\n"
         self.directory.mkdir(parents=True, exist_ok=True)
-        _replace_atomically(self.directory / name, text)
+        # No fsync: claim specs matter only while the node is up (/var/run/cdi is a tmpfs).
+        replace_atomically(self.directory / name, text, sync=False)
         return name
 
     def remove(self, claim_uid: str, file_name: str | None = None) -> None:

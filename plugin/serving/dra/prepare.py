@@ -263,8 +263,8 @@ class ClaimPreparer:
             return
         for claim in prepared:
             results[claim.ref.uid] = ClaimResult(claim.devices)
-            log.info("prepared claim %s: %s", describe(claim.ref), ", ".join(
-                f"{d.pool}/{d.device} ({d.device_id})" for d in claim.devices) or "no device")
+        # Logged once the answer is on its way: the kubelet waits on the answer, not the log.
+        asyncio.get_running_loop().call_soon(_log_prepared, prepared)
 
     async def _remove_spec(self, claim: PreparedClaim) -> None:
         if self.claim_specs is not None and claim.claim_spec is not None:
@@ -296,6 +296,12 @@ class ClaimPreparer:
             else:
                 log.debug("claim %s was not prepared (or unprepared already)", describe(ref))
         return results
+
+
+def _log_prepared(prepared: list[PreparedClaim]) -> None:
+    for claim in prepared:
+        log.info("prepared claim %s: %s", describe(claim.ref), ", ".join(
+            f"{d.pool}/{d.device} ({d.device_id})" for d in claim.devices) or "no device")
 
 
 def _remove_specs(specs: ClaimSpecs, claims: list[tuple[str, str | None]]) -> None:
