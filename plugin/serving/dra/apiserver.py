@@ -76,10 +76,19 @@ class NoResourceApi(ApiFailure):
 
 def load_config(kubeconfig: Path | None) -> KubeConfig:
     """``--kubeconfig`` when given; in a pod, its service account (token, CA, and
-    ``KUBERNETES_SERVICE_HOST``/``PORT``)."""
+    ``KUBERNETES_SERVICE_HOST``/``PORT``).
+
+    A token file (the service account's, or a kubeconfig's ``tokenFile``) is read again
+    whenever the server answers 401, so a rotated token is picked up without a restart. A
+    relative ``tokenFile`` is found beside the kubeconfig, as kubectl and client-go find it
+    (the library would look in the working directory)."""
     try:
         if kubeconfig is not None:
-            return KubeConfig.from_file(kubeconfig)
+            config = KubeConfig.from_file(kubeconfig)
+            for user in config.users.values():
+                if user.token_file and not Path(user.token_file).expanduser().is_absolute():
+                    user.token_file = str(Path(kubeconfig).parent / user.token_file)
+            return config
         return KubeConfig.from_service_account()
     except (ConfigError, OSError, KeyError, ValueError) as exc:
         where = str(kubeconfig) if kubeconfig else "the pod's service account"

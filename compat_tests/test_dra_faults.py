@@ -1,0 +1,321 @@
+"""DRA faults a real cluster throws, against the real ``serve --api dra`` process.
+
+Between an emulated API server (``compat_tests/apiserver``) and an emulated 1.36 kubelet DRA
+manager, over real sockets and real HTTP, as ``test_dra_serve`` sets them up; each case turns
+one fault on and asserts what a cluster would see: the slices converge, the kubelet's health
+stream and prepare calls keep answering, requests stay bounded while the fault lasts, the
+fault is logged once, and the process never has to be restarted to recover.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import textwrap
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from compat_tests.apiserver import DEFAULT_USER, ApiServerEmulator
+from compat_tests.apiserver.client import ApiClient
+from compat_tests.conftest import FAST_DRA
+from compat_tests.kubelet import KubeletEmulator
+from compat_tests.kubelet.dra import DraConfig
+from compat_tests.kubelet.dra_results import ClaimRef, DeviceHealthRecord
+from compat_tests.plugin_process import PluginProcess, run_at_start_up
+from plugin.discovery.backends.fake_sysfs import CRASHED_AFU_ID, FakeNode
+
+NODE = "node-a"
+DRIVER = "accelerator.b-com.com"
+NAMESPACE = "default"
+SETTLE = 15.0
+"""Guards against hangs on a loaded 2-core machine; not a performance target."""
+V1BETA1_ONLY = "resource.k8s.io/v1beta1=true"
+BACKOFF_SEEN = 3.5
+"""Longest pause a retry loop can be in after ~3 s of failures (0.2 s doubling)."""
+WRITES = ("create", "update", "patch", "delete", "deletecollection")
+
+
+async def until(condition: Callable[[], Any], what: str, timeout: float = SETTLE) -> float:
+    """Seconds until ``condition()`` holds; AssertionError naming ``what`` after ``timeout``."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    while not condition():
+        if loop.time() - start > timeout:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        await asyncio.sleep(0.01)
+    return loop.time() - start
+
+
+def messages(plugin: PluginProcess, *levels: str) -> list[str]:
+    return [e.get("message", "") for e in plugin.entries()
+            if not levels or e.get("level") in levels]
+
+
+class Bench:
+    """One node: a fake sysfs tree, an emulated API server and kubelet, serve processes."""
+
+    def __init__(self, tmp: Path, sockdir: Path, logdir: Path) -> None:
+        self.tmp = tmp
+        self.sockdir = sockdir
+        self.logdir = logdir
+        self.fake = FakeNode(tmp / "node")
+        self.ports = {bus: self.fake.add_dfl_card(f"0000:{bus}:00.0", ports=2)
+                      for bus in ("3b", "5e", "86", "af")}
+        self.registry = sockdir / "registry"
+        self.registry.mkdir()
+        self.cdi = tmp / "cdi"
+        self.state = sockdir / "state"
+        self._api: ApiServerEmulator | None = None
+        self._kubelet: KubeletEmulator | None = None
+        self.plugins: list[PluginProcess] = []
+
+    # -- parts ----------------------------------------------------------------------------
+
+    @property
+    def api(self) -> ApiServerEmulator:
+        assert self._api is not None, "no API server started"
+        return self._api
+
+    @property
+    def kubelet(self) -> KubeletEmulator:
+        assert self._kubelet is not None, "no kubelet started"
+        return self._kubelet
+
+    @property
+    def dra(self) -> Any:
+        assert self.kubelet.dra is not None
+        return self.kubelet.dra
+
+    async def start_api(self, model: str = "1.36", **options: Any) -> ApiServerEmulator:
+        self._api = await ApiServerEmulator(model, **options).start()
+        self._api.create_node(NODE)
+        self._api.create_namespace(NAMESPACE)
+        return self._api
+
+    def kubeconfig(self, **user: Any) -> Path:
+        """A kubeconfig for the API server; ``user`` replaces its user entry (``tokenFile``)."""
+        config = self.api.kubeconfig()
+        if user:
+            config["users"][0]["user"] = user
+        path = self.tmp / "kubeconfig"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        return path
+
+    async def start_kubelet(self, model: str = "1.36") -> KubeletEmulator:
+        config = DraConfig(**FAST_DRA, node_name=NODE, wipe_slices=self._wiper())
+        self._kubelet = KubeletEmulator(self.sockdir, model, plugins_registry=self.registry,
+                                        reconcile_period=0.05, dra=config)
+        await self._kubelet.start()
+        return self._kubelet
+
+    def _wiper(self) -> Any:
+        """What a starting kubelet does to its node's slices, in the version served now."""
+
+        async def wipe(node: str) -> None:
+            api = self.api
+            async with ApiClient(api.url, api.token, api.ca_file) as client:
+                await client.delete(
+                    f"/apis/resource.k8s.io/{api.model.preferred_version}/resourceslices",
+                    fieldSelector=f"spec.nodeName={node}")
+
+        return wipe
+
+    def serve(self, kubeconfig: Path | None = None, *, name: str = "plugin",
+              extra: Sequence[str] = ()) -> PluginProcess:
+        flags = ["--api", "dra", "--node-name", NODE,
+                 "--plugins-registry-dir", str(self.registry), "--dra-state-dir",
+                 str(self.state), "--cdi-spec-dir", str(self.cdi), "--backend", "intel",
+                 "--sysfs-root", str(self.fake.sysfs_root), "--dev-root",
+                 str(self.fake.dev_root), "--health-interval", "0.2", *extra]
+        if kubeconfig is not None:
+            flags += ["--kubeconfig", str(kubeconfig)]
+        plugin = PluginProcess(self.sockdir, self.logdir, name=name, extra=flags).start()
+        self.plugins.append(plugin)
+        return plugin
+
+    async def up(self, model: str = "1.36", **api_options: Any) -> PluginProcess:
+        """API server, kubelet and one serve, with every port published and registered."""
+        await self.start_api(model, **api_options)
+        await self.start_kubelet()
+        plugin = self.serve(self.kubeconfig())
+        await self.published(plugin)
+        return plugin
+
+    async def published(self, plugin: PluginProcess, count: int = 8) -> None:
+        await self.until_alive(plugin, lambda: len(self.device_names()) == count,
+                               f"{count} ports published")
+        await self.until_alive(plugin, lambda: self.dra.endpoints(DRIVER), "driver registered")
+
+    async def until_alive(self, plugin: PluginProcess, condition: Callable[[], Any],
+                          what: str, timeout: float = SETTLE) -> float:
+        def holds() -> Any:
+            assert plugin.alive, f"serve died before {what}:\n{plugin.text()}"
+            return condition()
+
+        try:
+            return await until(holds, what, timeout)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\nplugin log:\n{plugin.text()[-6000:]}") from None
+
+    async def wipe_is_undone(self, plugin: PluginProcess, within: float = 1.0) -> None:
+        """What a kubelet start does to the slices, undone by the driver's slice watch."""
+        await self._wiper()(NODE)
+        back = await self.until_alive(plugin, lambda: len(self.device_names()) == 8,
+                                      "slices back after a wipe")
+        assert back < within, f"slices back after {back:.2f} s, not within {within} s"
+
+    async def close(self) -> None:
+        for plugin in self.plugins:
+            plugin.kill()
+        if self._kubelet is not None:
+            await self._kubelet.stop()
+        if self._api is not None:
+            await self._api.stop()
+
+    # -- what the cluster sees -------------------------------------------------------------
+
+    def slices(self) -> list[dict[str, Any]]:
+        return [s for s in self.api.list("resourceslices") if s["spec"]["nodeName"] == NODE]
+
+    def devices(self) -> dict[str, dict[str, Any]]:
+        return {d["name"]: d for s in self.slices() for d in s["spec"].get("devices", [])}
+
+    def device_names(self) -> list[str]:
+        return sorted(self.devices())
+
+    def tainted(self, name: str) -> bool:
+        device = self.devices().get(name)
+        return device is not None and bool(device.get("taints"))
+
+    def untainted(self, name: str) -> bool:
+        device = self.devices().get(name)
+        return device is not None and not device.get("taints")
+
+    def health(self) -> dict[str, DeviceHealthRecord]:
+        """The driver's devices in the kubelet's latest health message."""
+        updates = [u for u in self.dra.health_updates if u.driver == DRIVER]
+        return {d.device_name: d for d in updates[-1].devices} if updates else {}
+
+    def health_of(self, name: str) -> str | None:
+        record = self.health().get(name)
+        return None if record is None else record.health
+
+    def claim(self, name: str, devices: list[str]) -> ClaimRef:
+        obj = self.api.create_allocated_claim(NAMESPACE, name, driver=DRIVER, pool=NODE,
+                                              devices=devices, node_name=NODE)
+        return ClaimRef(NAMESPACE, name, obj["metadata"]["uid"], (DRIVER,))
+
+    def slice_writes(self, since: float = 0.0) -> list[Any]:
+        return [r for r in self.api.requests if r.resource == "resourceslices"
+                and r.verb in WRITES and r.time >= since]
+
+    def requests(self, since: float, resource: str | None = None) -> list[Any]:
+        return [r for r in self.api.requests if r.time >= since
+                and resource in (None, r.resource)]
+
+
+@pytest.fixture
+async def bench(sockdir: Path, logdir: Path, tmp_path: Path) -> AsyncIterator[Bench]:
+    node = Bench(tmp_path, sockdir, logdir)
+    try:
+        yield node
+    finally:
+        await node.close()
+
+
+def port_device(bench: Bench, bus: str, index: int = 0) -> tuple[str, str]:
+    """(port name in the fake tree, DRA device name) of a card's port."""
+    port = bench.ports[bus][index]
+    return port, f"pci-0000-{bus}-00-0" + (f"-port{index}" if index else "")
+
+
+# -- 1. credentials that rotate -------------------------------------------------------------
+
+
+def write_token(path: Path, token: str) -> None:
+    """As the kubelet rotates a projected token: a new file renamed over the old one."""
+    spare = path.with_name(path.name + ".new")
+    spare.write_text(token + "\n")
+    spare.replace(path)
+
+
+async def rotate_and_check(bench: Bench, plugin: PluginProcess, token_file: Path) -> None:
+    """Rotate twice (file first, then server first with a gap); publishing, the slice watch
+    and claim reads go on each time without a restart."""
+    for round_, server_first in ((1, False), (2, True)):
+        token = f"rotated-{round_}"
+        if server_first:  # the old token dies before the new file lands
+            bench.api.set_tokens({token: DEFAULT_USER})
+            await asyncio.sleep(0.5)
+            write_token(token_file, token)
+        else:
+            write_token(token_file, token)
+            bench.api.set_tokens({token: DEFAULT_USER})
+        port, name = port_device(bench, "5e", round_ - 1)
+        bench.fake.set_afu_id(port, CRASHED_AFU_ID)
+        await bench.until_alive(plugin, lambda name=name: bench.tainted(name),
+                                f"round {round_}: crash published with the new token")
+        claim = bench.claim(f"after-rotation-{round_}", [bench.device_names()[0]])
+        outcome = await bench.dra.prepare([claim])
+        assert outcome.ok, outcome.error
+        bench.api.end_watches()  # the slice watch connects again, with the new token
+        await asyncio.sleep(0.5)
+        await bench.wipe_is_undone(plugin)
+    assert plugin.alive
+
+
+async def test_a_rotated_token_file_is_read_again_without_a_restart(bench):
+    await bench.start_api(tokens={"first": DEFAULT_USER})
+    await bench.start_kubelet()
+    token_file = bench.tmp / "token"
+    write_token(token_file, "first")
+    plugin = bench.serve(bench.kubeconfig(tokenFile=str(token_file)))
+    await bench.published(plugin)
+    await rotate_and_check(bench, plugin, token_file)
+
+
+SERVICE_ACCOUNT_AT = textwrap.dedent('''
+    """Test-only: the pod's service account directory is where the test made one."""
+    import os
+
+    from lightkube import KubeConfig
+
+    KubeConfig.from_service_account.__func__.__defaults__ = (
+        os.environ["DP_TEST_SERVICE_ACCOUNT"],)
+''')
+
+
+async def test_the_in_pod_service_account_token_is_read_again_when_rotated(
+        bench, monkeypatch):
+    """``KubeConfig.from_service_account`` takes the directory as an argument; the serve
+    process uses the default, so a start-up hook points the default at a temporary one."""
+    api = await bench.start_api(tls=True, tokens={"first": DEFAULT_USER})
+    await bench.start_kubelet()
+    account = bench.tmp / "serviceaccount"
+    account.mkdir()
+    assert api.ca_file is not None
+    shutil.copy(api.ca_file, account / "ca.crt")
+    (account / "namespace").write_text("kube-system")
+    token_file = account / "token"
+    write_token(token_file, "first")
+    run_at_start_up(SERVICE_ACCOUNT_AT, bench.tmp / "inject", monkeypatch)
+    monkeypatch.setenv("DP_TEST_SERVICE_ACCOUNT", str(account))
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(api.port))
+    plugin = bench.serve(None)
+    await bench.published(plugin)
+    await rotate_and_check(bench, plugin, token_file)
+
+
+async def test_a_relative_token_file_is_found_beside_the_kubeconfig(bench):
+    """kubectl and client-go resolve a relative ``tokenFile`` against the kubeconfig's own
+    directory, not the process's working directory."""
+    await bench.start_api(tokens={"first": DEFAULT_USER})
+    await bench.start_kubelet()
+    write_token(bench.tmp / "token", "first")
+    plugin = bench.serve(bench.kubeconfig(tokenFile="token"))
+    await bench.published(plugin)
