@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import textwrap
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -319,3 +320,36 @@ async def test_a_relative_token_file_is_found_beside_the_kubeconfig(bench):
     write_token(bench.tmp / "token", "first")
     plugin = bench.serve(bench.kubeconfig(tokenFile="token"))
     await bench.published(plugin)
+
+
+# -- 2. 409 on update, 410 on the watch -----------------------------------------------------
+
+
+async def test_an_expired_watch_lists_again_and_keeps_following(bench):
+    plugin = await bench.up()
+    start = time.time()
+    bench.api.expire_resource_versions()
+    assert bench.api.end_watches() >= 1
+    await asyncio.sleep(1.0)
+    await bench.wipe_is_undone(plugin)
+    watches = bench.api.find_requests(verb="watch", resource="resourceslices")
+    assert len([w for w in watches if w.time >= start]) <= 4, watches
+    assert not [m for m in messages(plugin, "warning", "error") if "410" in m]
+
+
+async def test_a_watch_that_always_answers_410_is_not_a_hot_loop(bench):
+    plugin = await bench.up()
+    start = time.time()
+    bench.api.faults.fail_next(10_000, 410, verb="watch", resource="resourceslices")
+    bench.api.end_watches()
+    await asyncio.sleep(3.0)
+    asked = bench.requests(start, "resourceslices")
+    assert len(asked) <= 40, f"{len(asked)} slice requests in 3 s"
+    said = [m for m in messages(plugin) if "410" in m]
+    assert len(said) == 1, said
+    bench.api.faults.clear()
+    bench.fake.set_afu_id(port_device(bench, "af")[0], CRASHED_AFU_ID)
+    await bench.until_alive(plugin, lambda: bench.tainted(port_device(bench, "af")[1]),
+                            "crash published after")
+    await asyncio.sleep(BACKOFF_SEEN)  # the watch's next try, after its back-off
+    await bench.wipe_is_undone(plugin)

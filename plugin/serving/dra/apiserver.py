@@ -32,6 +32,8 @@ from lightkube.generic_resource import create_global_resource, create_namespaced
 from api_versions.resource_versions import GROUP, KNOWN_VERSIONS, newest_first
 
 log = logging.getLogger(__name__)
+# The HTTP library says every request at info: one line per call and per retry.
+logging.getLogger("httpx2").setLevel(max(logging.getLogger().level, logging.WARNING))
 
 REQUEST_TIMEOUT = 10.0
 """Seconds for one call; a watch's stream has no read timeout (the server ends it)."""
@@ -41,9 +43,13 @@ FIELD_MANAGER = "accelerator-device-plugin"
 class ApiFailure(Exception):
     """A call to the API server that did not do what was asked."""
 
-    def __init__(self, message: str, status: int | None = None) -> None:
+    def __init__(self, message: str, status: int | None = None,
+                 retry_after: float | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.retry_after = retry_after
+        """Seconds the server asked to wait before trying again (``Retry-After``: 429 from
+        priority and fairness, some 503s), None when it did not say."""
 
 
 class ApiUnavailable(ApiFailure):
@@ -222,24 +228,27 @@ async def _guard(stream: Any, on_unserved: Any) -> AsyncIterator[Any]:
 
 
 def translate(exc: BaseException) -> ApiFailure:
-    """One of this module's failures for anything the client library raised."""
+    """One of this module's failures for anything the client library raised; never raises."""
     if isinstance(exc, ApiFailure):
         return exc
     if isinstance(exc, ApiError):
         code = int(exc.status.code or 0)
         reason = str(exc.status.reason or "")
         message = str(exc.status.message or reason or exc)
-        return _by_status(code, message, reason)
+        return _by_status(code, message, reason, retry_after=_retry_after(exc))
     if isinstance(exc, httpx2.HTTPStatusError):
         # Not a Status object: a path the server does not serve ("404 page not found"),
-        # or an overload answer in plain text (429 with Retry-After).
-        status = _status_object(exc.response)
+        # an overload answer in plain text (429 with Retry-After), or a watch's answer,
+        # whose body the library closed unread.
+        response = exc.response
+        status = _status_object(response)
         if status is not None:  # a Status after all, under another content type
-            return _by_status(exc.response.status_code, str(status.get("message", "")),
-                              str(status.get("reason", "")))
-        text = exc.response.text.strip()[:300]
-        return _by_status(exc.response.status_code, text or exc.response.reason_phrase, "",
-                          unserved=exc.response.status_code == 404)
+            return _by_status(response.status_code, str(status.get("message", "")),
+                              str(status.get("reason", "")), retry_after=_retry_after(exc))
+        text = _text(response).strip()[:300]
+        return _by_status(response.status_code, text or response.reason_phrase, "",
+                          unserved=response.status_code == 404,
+                          retry_after=_retry_after(exc))
     if isinstance(exc, httpx2.TimeoutException):
         return ApiUnavailable(f"API server did not answer in time ({type(exc).__name__})")
     if isinstance(exc, (httpx2.TransportError, OSError)):
@@ -247,24 +256,44 @@ def translate(exc: BaseException) -> ApiFailure:
     return ApiUnavailable(f"API server call failed: {type(exc).__name__}: {exc}")
 
 
-def _by_status(code: int, message: str, reason: str, unserved: bool = False) -> ApiFailure:
+def _by_status(code: int, message: str, reason: str, unserved: bool = False,
+               retry_after: float | None = None) -> ApiFailure:
     if code == 404:
         return NotFound(message, unserved=unserved)
     if code == 409:
         return Conflict(message, code)
     if code == 410:
         return Gone(message, code)
+    text = f"{code} {reason}: {message}".replace(" :", ":")
     if code in (400, 401, 403, 422):
-        return ApiRefused(f"{code} {reason}: {message}".replace(" :", ":"), code)
-    return ApiUnavailable(f"{code} {reason}: {message}".replace(" :", ":"), code)
+        return ApiRefused(text, code)
+    return ApiUnavailable(text, code, retry_after)
 
 
 def _status_object(response: httpx2.Response) -> dict[str, Any] | None:
     try:
         body = response.json()
-    except ValueError:
+    except (ValueError, httpx2.StreamError):  # not JSON, or a stream closed unread
         return None
     return body if isinstance(body, dict) and body.get("kind") == "Status" else None
+
+
+def _text(response: httpx2.Response) -> str:
+    try:
+        return response.text
+    except httpx2.StreamError:
+        return ""
+
+
+def _retry_after(exc: httpx2.HTTPStatusError) -> float | None:
+    """``Retry-After`` in seconds (the API server only ever sends seconds)."""
+    response = getattr(exc, "response", None)
+    value = response.headers.get("Retry-After") if response is not None else None
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and 0 <= seconds < 3600 else None
 
 
 def _plain(obj: Any) -> dict[str, Any]:

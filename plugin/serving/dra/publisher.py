@@ -46,6 +46,9 @@ Build = Callable[[str, int, str, bool], list[KubeObject]]
 
 BACKOFF_INITIAL = 0.2
 BACKOFF_MAX = 30.0
+EXPIRED_STREAK = 10.0
+"""A watch answered 410 within this many seconds of its list is one of a streak (a server
+that expires every version at once), backed off from the second on."""
 
 
 class SlicePublisher:
@@ -167,21 +170,46 @@ class SlicePublisher:
                  "(resource.k8s.io/%s)", len(wanted), self.node, self._generation, version)
 
     async def _watch(self) -> None:
-        """Wake the reconciler when a slice of ours is deleted or changed by someone else."""
+        """Wake the reconciler when a slice of ours is deleted or changed by someone else.
+
+        Never ends on its own: every failure is retried with back-off, so the slices a
+        kubelet start wipes are always noticed. A 410 (the version listed is too old) lists
+        again at once; a server that answers 410 again and again is backed off too."""
+        loop = asyncio.get_running_loop()
         delay = BACKOFF_INITIAL
+        expired = 0
+        unexpected: str | None = None
         while True:
+            listed_at = loop.time()
             try:
                 items, resource_version = await self._api.list_slices(self._selector)
                 self._notice({name_of(o): resource_version_of(o) for o in items})
                 delay = BACKOFF_INITIAL
                 async for kind, obj in self._api.watch_slices(self._selector, resource_version):
+                    expired = 0
                     self._notice_event(kind, obj)
-            except Gone:
-                continue  # too old: list again and go on from there
+            except Gone as gone:
+                if loop.time() - listed_at > EXPIRED_STREAK:
+                    expired = 0
+                expired += 1
+                if expired == 1:  # routine: the server compacted past the version listed
+                    log.debug("slice watch: %s (410 Gone); listing again", gone)
+                    continue
+                if expired == 2:
+                    log.warning("slice watch: the API server answers 410 Gone even right "
+                                "after a list; watching again with back-off")
+                await asyncio.sleep(min(BACKOFF_INITIAL * 2 ** (expired - 2), self._backoff_max))
+                continue
             except ApiFailure as failure:
                 log.debug("slice watch: %s; watching again in %.1f s", failure, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self._backoff_max)
+            except Exception as exc:  # a bug must not leave the slices unwatched for good
+                what = f"{type(exc).__name__}: {exc}"
+                if what != unexpected:
+                    log.error("slice watch failed; watching again in %.1f s", delay,
+                              exc_info=exc)
+                    unexpected = what
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self._backoff_max)
 
     def _taints_unknown_to(self, refusal: ApiRefused) -> bool:
         """A server whose resource.k8s.io has no taints field at all (1.32) refuses the
