@@ -325,6 +325,32 @@ async def test_a_relative_token_file_is_found_beside_the_kubeconfig(bench):
 # -- 2. 409 on update, 410 on the watch -----------------------------------------------------
 
 
+async def test_conflicts_on_slice_updates_back_off_and_converge(bench):
+    plugin = await bench.up()
+    port, name = port_device(bench, "86")
+    bench.api.conflict_next(1000)  # another writer that never stops
+    start = time.time()
+    bench.fake.set_afu_id(port, CRASHED_AFU_ID)
+    await asyncio.sleep(3.0)
+    updates = [r for r in bench.slice_writes(start) if r.verb == "update"]
+    assert 1 <= len(updates) <= 15, f"{len(updates)} updates in 3 s against conflicts"
+    assert all(r.status == 409 for r in updates)
+    said = [m for m in messages(plugin) if "409" in m or "onflict" in m]
+    assert len(said) == 1, said
+    bench.api.registry.conflicts_pending = 0
+    await bench.until_alive(plugin, lambda: bench.tainted(name), "crash published after")
+    await bench.wipe_is_undone(plugin)
+
+
+async def test_a_few_conflicts_are_retried_at_once(bench):
+    plugin = await bench.up()
+    port, name = port_device(bench, "86")
+    bench.api.conflict_next(1)
+    bench.fake.set_afu_id(port, CRASHED_AFU_ID)
+    took = await bench.until_alive(plugin, lambda: bench.tainted(name), "crash published")
+    assert took < 1.0
+
+
 async def test_an_expired_watch_lists_again_and_keeps_following(bench):
     plugin = await bench.up()
     start = time.time()

@@ -102,11 +102,25 @@ class SlicePublisher:
 
     async def _reconcile_forever(self) -> None:
         delay = BACKOFF_INITIAL
+        conflicts = 0
         while True:
             await self._wanted.wait()
             self._wanted.clear()
             try:
                 await self._reconcile()
+            except Conflict as conflict:
+                # Someone wrote in between: read again at once. One who keeps doing it (a
+                # second instance of this driver, a controller undoing our writes) is
+                # backed off like any failure, and said once.
+                self._wanted.set()
+                conflicts += 1
+                if conflicts > 1:
+                    self._say(f"the slices of {self.node} keep changing under this driver "
+                              f"(409 Conflict: {conflict}); another writer? retrying",
+                              logging.WARNING)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, self._backoff_max)
+                continue
             except ApiRefused as refusal:
                 if not self._taints_unknown_to(refusal):
                     self._say(f"cannot publish the devices of {self.node}: {refusal}; "
@@ -114,9 +128,6 @@ class SlicePublisher:
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, self._backoff_max)
                 self._wanted.set()
-                continue
-            except Conflict:
-                self._wanted.set()  # someone wrote in between: read again at once
                 continue
             except ApiFailure as failure:
                 self._say(f"cannot publish the devices of {self.node}: {failure}; retrying",
@@ -131,6 +142,7 @@ class SlicePublisher:
                          self.node)
                 self._state = ""
             delay = BACKOFF_INITIAL
+            conflicts = 0
 
     async def _reconcile(self) -> None:
         version = await self._api.resource_version()
