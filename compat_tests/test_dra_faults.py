@@ -10,6 +10,7 @@ fault is logged once, and the process never has to be restarted to recover.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import shutil
 import textwrap
 import time
@@ -379,3 +380,85 @@ async def test_a_watch_that_always_answers_410_is_not_a_hot_loop(bench):
                             "crash published after")
     await asyncio.sleep(BACKOFF_SEEN)  # the watch's next try, after its back-off
     await bench.wipe_is_undone(plugin)
+
+
+# -- 3. RBAC missing, then granted ----------------------------------------------------------
+
+
+async def test_missing_rbac_on_slices_is_said_once_and_recovers_without_restart(bench):
+    await bench.start_api()
+    await bench.start_kubelet()
+    bench.api.faults.deny("create", "resourceslices")
+    plugin = bench.serve(bench.kubeconfig())
+    await plugin.wait_for_log(lambda e: e.get("level") == "error"
+                              and "resourceslices" in e.get("message", ""),
+                              what="the refusal logged")
+    await bench.until_alive(plugin, lambda: bench.dra.endpoints(DRIVER),
+                            "registered with the kubelet meanwhile")
+    await asyncio.sleep(3.0)
+    said = [m for m in messages(plugin) if "resourceslices" in m]
+    assert len(said) == 1, said
+    assert 'cannot create resource "resourceslices"' in said[0], said
+    assert not bench.slices()
+    bench.api.faults.allow("create", "resourceslices")
+    await bench.published(plugin)
+    assert any("answers again" in m for m in messages(plugin, "info"))
+
+
+async def test_missing_rbac_on_claims_is_a_per_claim_error_naming_it(bench):
+    plugin = await bench.up()
+    claim = bench.claim("refused", [bench.device_names()[0]])
+    bench.api.faults.deny("get", "resourceclaims")
+    outcome = await bench.dra.prepare([claim])
+    result = outcome.result(claim.uid)
+    assert result.answered and not result.ok
+    assert "get on resourceclaims" in result.error, result.error
+    assert "403" in result.error, result.error
+    bench.api.faults.allow("get", "resourceclaims")
+    assert (await bench.dra.prepare([claim])).ok
+    assert plugin.alive
+
+
+# -- 4. errors, overload and a slow server --------------------------------------------------
+
+
+@pytest.mark.parametrize("status", [500, 503, 429])
+async def test_a_burst_of_server_errors_is_backed_off_and_recovered(bench, status):
+    plugin = await bench.up()
+    port, name = port_device(bench, "3b", 1)
+    start = time.time()
+    bench.api.faults.fail_next(10_000, status, retry_after=2)
+    bench.fake.set_afu_id(port, CRASHED_AFU_ID)
+    await asyncio.sleep(3.0)
+    asked = bench.requests(start)
+    assert len(asked) <= 12, [(r.verb, r.resource, r.status) for r in asked]  # 0.2 s doubling
+    if status == 429:  # priority and fairness said when to come back
+        gaps = [round(b.time - a.time, 2) for a, b in itertools.pairwise(asked)]
+        assert all(gap >= 1.9 for gap in gaps), f"Retry-After 2 s, tries {gaps} s apart"
+    said = [m for m in messages(plugin) if str(status) in m]
+    assert len(said) == 1, said
+    bench.api.faults.clear()
+    await bench.until_alive(plugin, lambda: bench.tainted(name), "crash published after")
+    await asyncio.sleep(BACKOFF_SEEN)
+    await bench.wipe_is_undone(plugin)
+
+
+async def test_a_server_slower_than_the_client_timeout(bench):
+    plugin = await bench.up()
+    claim = bench.claim("slow", [bench.device_names()[0]])
+    port, name = port_device(bench, "86", 1)
+    start = time.time()
+    bench.api.faults.delay = 12.0  # the driver gives a call 10 s
+    bench.fake.set_afu_id(port, CRASHED_AFU_ID)
+    outcome = await bench.dra.prepare([claim])
+    took = time.time() - start
+    result = outcome.result(claim.uid)
+    assert result.answered and not result.ok
+    assert "API server" in result.error, result.error
+    assert took < 15.0, f"prepare answered after {took:.1f} s"
+    asked = bench.requests(start)
+    assert len(asked) <= 8, [(r.verb, r.resource) for r in asked]
+    bench.api.faults.delay = 0.0
+    await bench.until_alive(plugin, lambda: bench.tainted(name), "crash published after",
+                            timeout=25.0)
+    assert (await bench.dra.prepare([claim])).ok

@@ -133,7 +133,7 @@ class SlicePublisher:
                 self._say(f"cannot publish the devices of {self.node}: {failure}; retrying",
                           logging.WARNING)
                 self._node_uid = None if failure.status in (404, None) else self._node_uid
-                await asyncio.sleep(delay)
+                await asyncio.sleep(_pause(delay, failure, self._backoff_max))
                 delay = min(delay * 2, self._backoff_max)
                 self._wanted.set()
                 continue
@@ -214,6 +214,9 @@ class SlicePublisher:
                 continue
             except ApiFailure as failure:
                 log.debug("slice watch: %s; watching again in %.1f s", failure, delay)
+                await asyncio.sleep(_pause(delay, failure, self._backoff_max))
+                delay = min(delay * 2, self._backoff_max)
+                continue
             except Exception as exc:  # a bug must not leave the slices unwatched for good
                 what = f"{type(exc).__name__}: {exc}"
                 if what != unexpected:
@@ -252,3 +255,9 @@ class SlicePublisher:
         if state != self._state:
             self._state = state
             log.log(level, state)
+
+
+def _pause(delay: float, failure: ApiFailure, longest: float) -> float:
+    """The back-off ``delay``, or the server's ``Retry-After`` (429 from priority and
+    fairness, some 503s) when it asks for longer, never beyond ``longest``."""
+    return min(max(delay, failure.retry_after or 0.0), longest)
