@@ -18,11 +18,10 @@ why), :class:`Conflict` (409), :class:`Gone` (410: watch again from a fresh list
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx2
 from lightkube import ApiError, AsyncClient, KubeConfig
@@ -38,6 +37,7 @@ logging.getLogger("httpx2").setLevel(max(logging.getLogger().level, logging.WARN
 REQUEST_TIMEOUT = 10.0
 """Seconds for one call; a watch's stream has no read timeout (the server ends it)."""
 FIELD_MANAGER = "accelerator-device-plugin"
+T = TypeVar("T")
 
 
 class ApiFailure(Exception):
@@ -146,10 +146,13 @@ class ApiServer:
 
     async def list_slices(self, selector: dict[str, str]) -> tuple[list[dict[str, Any]], str]:
         """The slices the field ``selector`` picks, and the list's resourceVersion."""
-        version = await self.resource_version()
-        listing = self._client.list(self._slices(version), fields=selector)
-        items = [_plain(o) async for o in _guard(listing, self._forget_on_404)]
-        return items, str(listing.resourceVersion)
+
+        async def in_version(version: str) -> tuple[list[dict[str, Any]], str]:
+            listing = self._client.list(self._slices(version), fields=selector)
+            items = [_plain(o) async for o in _guard(listing, self._forget_on_404)]
+            return items, str(listing.resourceVersion)
+
+        return await self._in_served_version(in_version)
 
     async def watch_slices(
         self, selector: dict[str, str], resource_version: str,
@@ -171,20 +174,48 @@ class ApiServer:
         return _plain(await self._call(self._client.replace(resource(obj))))
 
     async def delete_slice(self, name: str) -> None:
-        version = await self.resource_version()
-        with contextlib.suppress(NotFound):  # gone already: what was wanted
-            await self._call(self._client.delete(self._slices(version), name))
+        async def in_version(version: str) -> None:
+            try:
+                await self._call(self._client.delete(self._slices(version), name))
+            except NotFound as exc:
+                if exc.unserved:  # the version is gone, not the slice
+                    raise
+                # the slice is gone already: what was wanted
+
+        await self._in_served_version(in_version)
 
     async def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
-        version = await self.resource_version()
-        resource = self._resource(version, "ResourceClaim", "resourceclaims", namespaced=True)
-        return _plain(await self._call(self._client.get(resource, name, namespace=namespace)))
+        """The claim, with the ``apiVersion`` it was read in."""
+
+        async def in_version(version: str) -> dict[str, Any]:
+            resource = self._resource(version, "ResourceClaim", "resourceclaims",
+                                      namespaced=True)
+            found = _plain(await self._call(self._client.get(resource, name,
+                                                             namespace=namespace)))
+            found.setdefault("apiVersion", f"{GROUP}/{version}")
+            return found
+
+        return await self._in_served_version(in_version)
 
     async def device_classes(self) -> list[dict[str, Any]]:
-        version = await self.resource_version()
-        resource = self._resource(version, "DeviceClass", "deviceclasses")
-        listing = self._client.list(resource)
-        return [_plain(o) async for o in _guard(listing, self._forget_on_404)]
+        async def in_version(version: str) -> list[dict[str, Any]]:
+            resource = self._resource(version, "DeviceClass", "deviceclasses")
+            listing = self._client.list(resource)
+            return [_plain(o) async for o in _guard(listing, self._forget_on_404)]
+
+        return await self._in_served_version(in_version)
+
+    async def _in_served_version(self, call: Callable[[str], Awaitable[T]]) -> T:
+        """``call(version)`` in the version the server serves, and once more after a 404
+        that says the version itself is gone: the server was upgraded or downgraded behind
+        the same address since the version was found, and the call is as good in the one
+        it serves now. The caller never sees that 404 unless the second try gets one too."""
+        try:
+            return await call(await self.resource_version())
+        except NotFound as exc:
+            if not exc.unserved:
+                raise
+        return await call(await self.resource_version())  # forgotten: found again
 
     def _slices(self, version: str) -> Any:
         return self._resource(version, "ResourceSlice", "resourceslices")

@@ -92,7 +92,8 @@ class DraDriver:
 
         async def read_claim(ref: ClaimRef) -> ClaimAllocation:
             obj = await api.get_claim(ref.namespace, ref.name)
-            return parse_claim(api.version or "v1", obj)
+            # In the version it was read in: another call may have found another since.
+            return parse_claim(str(obj["apiVersion"]).rpartition("/")[2], obj)
 
         place.state_dir.mkdir(parents=True, exist_ok=True)
         preparer = ClaimPreparer(
