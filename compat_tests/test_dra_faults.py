@@ -28,7 +28,7 @@ from compat_tests.kubelet import KubeletEmulator
 from compat_tests.kubelet.dra import DraConfig
 from compat_tests.kubelet.dra_results import ClaimRef, DeviceHealthRecord
 from compat_tests.plugin_process import PluginProcess, run_at_start_up
-from plugin.discovery.backends.fake_sysfs import CRASHED_AFU_ID, FakeNode
+from plugin.discovery.backends.fake_sysfs import CRASHED_AFU_ID, DEFAULT_AFU_ID, FakeNode
 
 NODE = "node-a"
 DRIVER = "accelerator.b-com.com"
@@ -462,3 +462,61 @@ async def test_a_server_slower_than_the_client_timeout(bench):
     await bench.until_alive(plugin, lambda: bench.tainted(name), "crash published after",
                             timeout=25.0)
     assert (await bench.dra.prepare([claim])).ok
+
+
+# -- 5. the API server upgraded (or downgraded) behind the same address ---------------------
+
+
+def writes_through(bench: Bench, version: str, since: float) -> bool:
+    return any(r.version == version and r.status in (200, 201)
+               for r in bench.slice_writes(since))
+
+
+async def test_an_upgrade_from_1_33_to_1_36_moves_slices_and_claims_to_v1(bench):
+    plugin = await bench.up("1.33", runtime_config=V1BETA1_ONLY)
+    assert {r.version for r in bench.slice_writes()} == {"v1beta1"}
+    crashed_port, crashed = port_device(bench, "af", 1)
+    bench.fake.set_afu_id(crashed_port, CRASHED_AFU_ID)
+    # 1.33 has DRADeviceTaints off: the taint is dropped, so the device is left out.
+    await bench.until_alive(plugin, lambda: crashed not in bench.devices(),
+                            "crashed port left out on a server without taints")
+    start = time.time()
+    await bench.api.restart("1.36")
+    claim = bench.claim("after-upgrade", [bench.device_names()[0]])
+    outcome = await bench.dra.prepare([claim])  # at once: before anything else noticed
+    assert outcome.ok, outcome.error
+    reads = [r.version for r in bench.requests(start, "resourceclaims") if r.status == 200]
+    assert reads == ["v1"], reads
+    took = await bench.until_alive(plugin, lambda: writes_through(bench, "v1", start),
+                                   "slices written through v1")
+    assert took < 5.0
+    # 1.36 keeps taints: the crashed port is back, tainted, with the others.
+    await bench.until_alive(plugin, lambda: bench.tainted(crashed),
+                            "crashed port published tainted after the upgrade")
+    assert len(bench.device_names()) == 8
+    await bench.wipe_is_undone(plugin)
+
+
+async def test_a_downgrade_from_1_36_to_1_33_moves_slices_and_claims_to_v1beta1(bench):
+    plugin = await bench.up("1.36")
+    crashed_port, crashed = port_device(bench, "af", 1)
+    bench.fake.set_afu_id(crashed_port, CRASHED_AFU_ID)
+    await bench.until_alive(plugin, lambda: bench.tainted(crashed), "crash published")
+    start = time.time()
+    await bench.api.restart("1.33", runtime_config=V1BETA1_ONLY)
+    claim = bench.claim("after-downgrade", [bench.device_names()[0]])
+    outcome = await bench.dra.prepare([claim])
+    assert outcome.ok, outcome.error
+    reads = [r.version for r in bench.requests(start, "resourceclaims") if r.status == 200]
+    assert reads == ["v1beta1"], reads
+    took = await bench.until_alive(plugin, lambda: writes_through(bench, "v1beta1", start),
+                                   "slices written through v1beta1")
+    assert took < 5.0
+    # Never published untainted: tainted (a slice using taints keeps them on a server with
+    # the gate off: ratcheting), or left out where the server drops them.
+    await asyncio.sleep(1.0)
+    assert not bench.untainted(crashed), bench.devices().get(crashed)
+    bench.fake.set_afu_id(crashed_port, DEFAULT_AFU_ID)
+    await bench.until_alive(plugin, lambda: bench.untainted(crashed),
+                            "recovery published through v1beta1")
+    await bench.wipe_is_undone(plugin)

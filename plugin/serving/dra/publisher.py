@@ -146,6 +146,12 @@ class SlicePublisher:
 
     async def _reconcile(self) -> None:
         version = await self._api.resource_version()
+        if self._last_version not in (None, version):
+            # Upgraded or downgraded behind the same address: whether it keeps taints is
+            # learnt again from what it stores.
+            log.info("the API server now serves resource.k8s.io/%s (was %s); publishing "
+                     "the devices of %s through it", version, self._last_version, self.node)
+            self._taints = True
         if self._node_uid is None:
             self._node_uid = await self._api.node_uid(self.node)
         content = self._build(version, 0, self._node_uid, self._taints)
@@ -237,7 +243,9 @@ class SlicePublisher:
         return True
 
     def _notice(self, stored: dict[str, str]) -> None:
-        if stored != self._written:
+        """After a list: wake the reconciler if the slices are not those it wrote, or were
+        written in a version the server no longer serves."""
+        if stored != self._written or self._api.version != self._last_version:
             self._wanted.set()
 
     def _notice_event(self, kind: str, obj: Any) -> None:
