@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import shutil
 import textwrap
 import time
@@ -28,6 +29,7 @@ from compat_tests.kubelet import KubeletEmulator
 from compat_tests.kubelet.dra import DraConfig
 from compat_tests.kubelet.dra_results import ClaimRef, DeviceHealthRecord
 from compat_tests.plugin_process import PluginProcess, run_at_start_up
+from compat_tests.test_faults_discovery import HANGING_READS
 from plugin.discovery.backends.fake_sysfs import CRASHED_AFU_ID, DEFAULT_AFU_ID, FakeNode
 
 NODE = "node-a"
@@ -520,3 +522,117 @@ async def test_a_downgrade_from_1_36_to_1_33_moves_slices_and_claims_to_v1beta1(
     await bench.until_alive(plugin, lambda: bench.untainted(crashed),
                             "recovery published through v1beta1")
     await bench.wipe_is_undone(plugin)
+
+
+# -- 6. hot-plug and health, to the slices and to the kubelet's health stream ---------------
+
+
+HEALTH_FAULTS = {
+    "AFU crash": (lambda n, p: n.set_afu_id(p, CRASHED_AFU_ID),
+                  lambda n, p: n.set_afu_id(p, DEFAULT_AFU_ID)),
+    "port error": (lambda n, p: n.set_port_error(p, 0x1),
+                   lambda n, p: n.set_port_error(p, 0)),
+    "device node deleted": (lambda n, p: n.delete_device_node(p),
+                            lambda n, p: n.restore_device_node(p)),
+}
+
+
+async def both_within(bench: Bench, plugin: PluginProcess, what: str, limit: float,
+                      in_slices: Callable[[], bool], in_health: Callable[[], bool]) -> None:
+    """The slices and the kubelet's health stream both show it within ``limit`` seconds."""
+    took = await asyncio.gather(
+        bench.until_alive(plugin, in_slices, f"{what} in the slices"),
+        bench.until_alive(plugin, in_health, f"{what} in the kubelet's health stream"))
+    assert max(took) < limit, f"{what}: slices after {took[0]:.2f} s, health after " \
+                              f"{took[1]:.2f} s"
+
+
+@pytest.mark.parametrize("fault", list(HEALTH_FAULTS))
+async def test_a_health_change_reaches_slices_and_health_stream_within_a_second(bench, fault):
+    plugin = await bench.up()
+    break_it, mend_it = HEALTH_FAULTS[fault]
+    port, name = port_device(bench, "5e", 1)
+    await bench.until_alive(plugin, lambda: bench.health_of(name) == "Healthy", "healthy")
+    break_it(bench.fake, port)
+    await both_within(bench, plugin, f"{fault} of {name}", 1.0,
+                      lambda: bench.tainted(name),
+                      lambda: bench.health_of(name) == "Unhealthy")
+    assert bench.health()[name].message, "the kubelet is told why"
+    assert all(bench.health_of(n) == "Healthy" for n in bench.device_names() if n != name)
+    mend_it(bench.fake, port)
+    await both_within(bench, plugin, f"{name} mended", 1.0,
+                      lambda: bench.untainted(name),
+                      lambda: bench.health_of(name) == "Healthy")
+
+
+async def test_a_port_plugged_in_and_removed_reaches_slices_and_health_within_a_second(bench):
+    plugin = await bench.up()
+    before = set(bench.device_names())
+    port = bench.fake.add_port("0000:3b:00.0")
+    await both_within(bench, plugin, "new port", 1.0,
+                      lambda: len(bench.device_names()) == 9,
+                      lambda: len(bench.health()) == 9)
+    [added] = set(bench.device_names()) - before
+    assert bench.untainted(added) and bench.health_of(added) == "Healthy"
+    gone_port, gone = port_device(bench, "86", 1)
+    bench.fake.remove_port(gone_port)
+    bench.fake.remove_port(port)
+    await both_within(bench, plugin, "two ports removed", 1.0,
+                      lambda: set(bench.device_names()) == before - {gone},
+                      lambda: set(bench.health()) == before - {gone})
+
+
+# -- 7. discovery stalled -------------------------------------------------------------------
+
+
+STALL_TIMEOUT = 1.0
+
+
+async def test_a_stalled_discovery_is_never_healthy_to_the_kubelet_nor_the_scheduler(
+        bench, monkeypatch):
+    run_at_start_up(HANGING_READS, bench.tmp / "inject", monkeypatch)
+    marker = bench.tmp / "hang"
+    monkeypatch.setenv("DP_TEST_HANG_MARKER", str(marker))
+    await bench.start_api()
+    await bench.start_kubelet()
+    plugin = bench.serve(bench.kubeconfig(), extra=[
+        "--scan-stall-timeout", str(STALL_TIMEOUT), "--rescan-interval", "0.5"])
+    await bench.published(plugin)
+    names = bench.device_names()
+    await bench.until_alive(plugin, lambda: all(bench.health_of(n) == "Healthy" for n in names),
+                            "all healthy")
+    marker.touch()  # every afu_id read hangs from now on
+    await both_within(
+        bench, plugin, "stall", STALL_TIMEOUT + 1.0,
+        lambda: all(bench.tainted(n) for n in names),
+        lambda: all(bench.health_of(n) in ("Unknown", "Unhealthy") for n in names))
+    assert {bench.health_of(n) for n in names} == {"Unknown"}, "not known is Unknown"
+    assert all("stalled" in (bench.health()[n].message or "") for n in names)
+    marker.unlink()
+    await both_within(bench, plugin, "discovery answering again", SETTLE,
+                      lambda: all(bench.untainted(n) for n in names),
+                      lambda: all(bench.health_of(n) == "Healthy" for n in names))
+
+
+# -- 8. a corrupt checkpoint ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("content", [b"{\"kind\": \"AcceleratorDraClaim", b"\x00" * 64, b""])
+async def test_a_corrupt_checkpoint_is_set_aside_once_and_serving_goes_on(bench, content):
+    await bench.start_api()
+    await bench.start_kubelet()
+    bench.state.mkdir()
+    checkpoint = bench.state / "claims.json"
+    checkpoint.write_bytes(content)
+    plugin = bench.serve(bench.kubeconfig())
+    await bench.published(plugin)
+    said = [m for m in messages(plugin, "error") if "checkpoint" in m]
+    assert len(said) == 1 and "unusable" in said[0], said
+    [aside] = bench.state.glob("claims.json.corrupt-*")
+    assert aside.read_bytes() == content, "kept for a person to read"
+    claim = bench.claim("after-corruption", bench.device_names()[:2])
+    outcome = await bench.dra.prepare([claim])
+    assert outcome.ok, outcome.error
+    assert claim.uid in json.loads(checkpoint.read_text())["claims"]
+    assert (await bench.dra.unprepare([claim])).ok
+    assert len([m for m in messages(plugin, "error") if "checkpoint" in m]) == 1
