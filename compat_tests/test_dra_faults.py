@@ -636,3 +636,38 @@ async def test_a_corrupt_checkpoint_is_set_aside_once_and_serving_goes_on(bench,
     assert claim.uid in json.loads(checkpoint.read_text())["claims"]
     assert (await bench.dra.unprepare([claim])).ok
     assert len([m for m in messages(plugin, "error") if "checkpoint" in m]) == 1
+
+
+# -- 9. a second instance on the node (rolling update) --------------------------------------
+
+
+async def test_a_second_instance_waits_and_takes_over_without_fighting(bench):
+    first = await bench.up()
+    start = time.time()
+    second = bench.serve(bench.kubeconfig(), name="second")
+    await second.wait_for_log(lambda e: "Waiting for it to stop" in e.get("message", ""),
+                              what="the newcomer waiting for the socket")
+    claim = bench.claim("during-update", bench.device_names()[:2])
+    assert (await bench.dra.prepare([claim])).ok, "the first one still serves"
+    record = json.loads((bench.state / "claims.json").read_text())["claims"][claim.uid]
+    spec = bench.cdi / record["claimSpec"]
+    assert spec.exists()
+    await asyncio.sleep(3.0)
+    writes = bench.slice_writes(start)
+    assert not writes, f"{len(writes)} slice writes while the first one serves"
+
+    assert await first.terminate() == 0
+    stopped = time.time()
+    await second.wait_for_log(lambda e: "took over" in e.get("message", ""),
+                              what="the newcomer taking over")
+    await bench.until_alive(second, lambda: bench.dra.endpoints(DRIVER), "registered again")
+    await asyncio.sleep(2.0)
+    writes = bench.slice_writes(stopped)
+    assert len(writes) <= len(bench.slices()), [(r.verb, r.name) for r in writes]
+    assert len(bench.device_names()) == 8
+    # The claim the first one prepared while the second waited is the second's to undo:
+    # its record too, not only its spec.
+    assert (await bench.dra.unprepare([claim])).ok
+    assert not spec.exists(), "the claim's CDI spec was left behind"
+    assert claim.uid not in json.loads((bench.state / "claims.json").read_text())["claims"]
+    await bench.wipe_is_undone(second)

@@ -11,6 +11,10 @@ package's parts over the one device feed the daemon keeps for the whole node:
   recorded in the driver's own checkpoint), and the health stream from
   :class:`~plugin.serving.dra.health.HealthBroadcaster`.
 
+Only the instance that holds the socket publishes and keeps the claim record: a second
+instance on the node (a rolling update) waits for the first to stop, then reads the record
+the first left and publishes the pool, so two instances never fight over the slices.
+
 The daemon writes the CDI specs (one per resource, as for the device plugin) before it
 publishes a device set, so every device in a slice has its CDI entry by the time a claim can
 name it; ``cdi_ids`` reads them. Slices stay when the driver stops: a restarting pod publishes
@@ -96,9 +100,10 @@ class DraDriver:
             return parse_claim(str(obj["apiVersion"]).rpartition("/")[2], obj)
 
         place.state_dir.mkdir(parents=True, exist_ok=True)
+        checkpoint = ClaimCheckpoint(place.state_dir / CHECKPOINT_FILE, load=False)
         preparer = ClaimPreparer(
             place.driver, place.node, self.device_names, read_claim, self._cdi_ids,
-            ClaimCheckpoint(place.state_dir / CHECKPOINT_FILE),
+            checkpoint,
             claim_specs=ClaimSpecs(place.cdi_dir, place.driver,
                                    lambda ids: accelerator_env(ids, self.feed.current)))
         health = HealthBroadcaster(place.node, self.feed, self.device_names)
@@ -109,6 +114,11 @@ class DraDriver:
         await self.service.start()
         follower = asyncio.create_task(self._follow_devices(), name="DRA device follower")
         try:
+            # One instance per node is the driver: the one holding the socket. A newcomer
+            # (a rolling update) waits for the old one to stop before it reads the claims
+            # that one recorded and before it writes slices, so two never fight over them.
+            await self.service.wait_serving()
+            checkpoint.load()
             await self.publisher.run()
         finally:
             follower.cancel()
