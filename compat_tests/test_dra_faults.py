@@ -404,7 +404,8 @@ async def test_missing_rbac_on_slices_is_said_once_and_recovers_without_restart(
     assert not bench.slices()
     bench.api.faults.allow("create", "resourceslices")
     await bench.published(plugin)
-    assert any("answers again" in m for m in messages(plugin, "info"))
+    await plugin.wait_for_log(lambda e: "answers again" in e.get("message", ""),
+                              what="the recovery said")
 
 
 async def test_missing_rbac_on_claims_is_a_per_claim_error_naming_it(bench):
@@ -443,6 +444,22 @@ async def test_a_burst_of_server_errors_is_backed_off_and_recovered(bench, statu
     await bench.until_alive(plugin, lambda: bench.tainted(name), "crash published after")
     await asyncio.sleep(BACKOFF_SEEN)
     await bench.wipe_is_undone(plugin)
+
+
+async def test_one_outage_is_said_once_whatever_its_wording(bench):
+    """The failures of one outage differ in their words (an etcd leader change, then a
+    timeout; a refused connection, then a connect timeout): still one warning."""
+    plugin = await bench.up()
+    port, name = port_device(bench, "3b", 1)
+    bench.api.faults.fail_next(1, 503, message="etcdserver: leader changed")
+    bench.api.faults.fail_next(1, 503, message="etcdserver: request timed out")
+    bench.api.faults.fail_next(1, 500, message="etcdserver: request timed out")
+    bench.fake.set_afu_id(port, CRASHED_AFU_ID)
+    await bench.until_alive(plugin, lambda: bench.tainted(name), "crash published after")
+    await plugin.wait_for_log(lambda e: "answers again" in e.get("message", ""),
+                              what="the recovery said")
+    said = [m for m in messages(plugin) if "cannot publish" in m]
+    assert len(said) == 2, said  # 503 and 500: two kinds of failure, each said once
 
 
 async def test_a_server_slower_than_the_client_timeout(bench):

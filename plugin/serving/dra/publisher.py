@@ -71,7 +71,8 @@ class SlicePublisher:
         self._generation = 0
         self._taints = True
         self._node_uid: str | None = None
-        self._state = ""
+        self._state: object = None
+        """What kind of failure was said last (None: publishing works)."""
         self.publications = 0
         """How many times the pool was (re)published: for status lines and tests."""
 
@@ -115,32 +116,32 @@ class SlicePublisher:
                 self._wanted.set()
                 conflicts += 1
                 if conflicts > 1:
-                    self._say(f"the slices of {self.node} keep changing under this driver "
-                              f"(409 Conflict: {conflict}); another writer? retrying",
-                              logging.WARNING)
+                    self._say(conflict, f"the slices of {self.node} keep changing under "
+                              f"this driver (409 Conflict: {conflict}); another writer? "
+                              "retrying", logging.WARNING)
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, self._backoff_max)
                 continue
             except ApiRefused as refusal:
                 if not self._taints_unknown_to(refusal):
-                    self._say(f"cannot publish the devices of {self.node}: {refusal}; "
+                    self._say(refusal, f"cannot publish the devices of {self.node}: {refusal}; "
                               "retrying", logging.ERROR)
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, self._backoff_max)
                 self._wanted.set()
                 continue
             except ApiFailure as failure:
-                self._say(f"cannot publish the devices of {self.node}: {failure}; retrying",
-                          logging.WARNING)
+                self._say(failure, f"cannot publish the devices of {self.node}: {failure}; "
+                          "retrying", logging.WARNING)
                 self._node_uid = None if failure.status in (404, None) else self._node_uid
                 await asyncio.sleep(_pause(delay, failure, self._backoff_max))
                 delay = min(delay * 2, self._backoff_max)
                 self._wanted.set()
                 continue
-            if self._state:
+            if self._state is not None:
                 log.info("the API server answers again; the devices of %s are published",
                          self.node)
-                self._state = ""
+                self._state = None
             delay = BACKOFF_INITIAL
             conflicts = 0
 
@@ -258,11 +259,14 @@ class SlicePublisher:
                 resource_version_of(obj):
             self._wanted.set()
 
-    def _say(self, state: str, level: int) -> None:
-        """Log a failing state once, not at every retry."""
+    def _say(self, failure: ApiFailure, message: str, level: int) -> None:
+        """Log a failing state once, not at every retry. A state is the failure's kind
+        (class and HTTP status), not its wording, which may change from one try to the next
+        (a refused connection, then a connect timeout, during one outage)."""
+        state = (type(failure), failure.status)
         if state != self._state:
             self._state = state
-            log.log(level, state)
+            log.log(level, message)
 
 
 def _pause(delay: float, failure: ApiFailure, longest: float) -> float:
