@@ -315,6 +315,29 @@ async def test_the_in_pod_service_account_token_is_read_again_when_rotated(
     await rotate_and_check(bench, plugin, token_file)
 
 
+async def test_a_service_account_not_there_yet_is_said_once_and_waited_for(
+        bench, monkeypatch):
+    api = await bench.start_api(tls=True, tokens={"first": DEFAULT_USER})
+    await bench.start_kubelet()
+    account = bench.tmp / "serviceaccount"
+    account.mkdir()
+    run_at_start_up(SERVICE_ACCOUNT_AT, bench.tmp / "inject", monkeypatch)
+    monkeypatch.setenv("DP_TEST_SERVICE_ACCOUNT", str(account))
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(api.port))
+    plugin = bench.serve(None)
+    await plugin.wait_for_log(lambda e: "service account" in e.get("message", ""),
+                              what="the missing service account said")
+    await asyncio.sleep(3.0)
+    said = messages(plugin, "error")
+    assert len(said) == 1 and "token" in said[0], said
+    assert api.ca_file is not None
+    shutil.copy(api.ca_file, account / "ca.crt")
+    (account / "namespace").write_text("kube-system")
+    write_token(account / "token", "first")
+    await bench.published(plugin)
+
+
 async def test_a_relative_token_file_is_found_beside_the_kubeconfig(bench):
     """kubectl and client-go resolve a relative ``tokenFile`` against the kubeconfig's own
     directory, not the process's working directory."""

@@ -34,7 +34,7 @@ from api_versions.k8s_objects import KubeObject
 from api_versions.resource_claims import parse_claim
 from api_versions.resource_slices import slices_for
 from plugin.model.feed import DeviceFeed
-from plugin.serving.dra.apiserver import ApiServer
+from plugin.serving.dra.apiserver import ApiRefused, ApiServer
 from plugin.serving.dra.checkpoint import ClaimCheckpoint
 from plugin.serving.dra.claim_cdi import ClaimSpecs, accelerator_env
 from plugin.serving.dra.claims_model import ClaimAllocation, ClaimRef
@@ -47,6 +47,8 @@ from plugin.serving.dra.service import DraNodeService
 log = logging.getLogger(__name__)
 
 CHECKPOINT_FILE = "claims.json"
+CONNECT_RETRY_INITIAL = 0.2
+CONNECT_RETRY_MAX = 30.0
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,7 @@ class DraDriver:
 
     async def run(self) -> None:
         place = self.place
-        api = self._api or ApiServer.connect(place.kubeconfig)
+        api = self._api or await self._connect()
 
         async def read_claim(ref: ClaimRef) -> ClaimAllocation:
             obj = await api.get_claim(ref.namespace, ref.name)
@@ -127,6 +129,27 @@ class DraDriver:
             await self.service.stop()
             await health.close()
             await api.close()
+
+    async def _connect(self) -> ApiServer:
+        """The API client, once its configuration can be read: a kubeconfig or service
+        account that is missing or broken is said once and tried again with back-off, not
+        raised into the supervisor at every try (a traceback each time)."""
+        delay, said = CONNECT_RETRY_INITIAL, None
+        while True:
+            try:
+                api = ApiServer.connect(self.place.kubeconfig)
+            except ApiRefused as refusal:
+                if str(refusal) != said:
+                    log.error("DRA driver %s: %s; trying again with back-off, up to every "
+                              "%g s", self.place.driver, refusal, CONNECT_RETRY_MAX)
+                    said = str(refusal)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, CONNECT_RETRY_MAX)
+                continue
+            if said is not None:
+                log.info("DRA driver %s: the API server configuration can be read now",
+                         self.place.driver)
+            return api
 
     async def _follow_devices(self) -> None:
         async for _devices in self.feed.subscribe():
