@@ -351,6 +351,24 @@ async def test_a_relative_token_file_is_found_beside_the_kubeconfig(bench):
 # -- 2. 409 on update, 410 on the watch -----------------------------------------------------
 
 
+SHORT_WATCHES = textwrap.dedent('''
+    """Test-only: slice watches are made anew every 2 s instead of every 5 minutes."""
+    import plugin.serving.dra.publisher as publisher
+
+    publisher.WATCH_LIFETIME = 2.0
+''')
+
+
+async def test_a_watch_on_a_dead_connection_is_given_up_and_made_anew(bench, monkeypatch):
+    """The server stops sending on the watch without closing it (a load balancer failing
+    over, a peer gone without a reset): no event ever comes, yet none is an error."""
+    run_at_start_up(SHORT_WATCHES, bench.tmp / "inject", monkeypatch)
+    plugin = await bench.up()
+    for watcher in list(bench.api.store.watchers):
+        bench.api.store.unwatch(watcher)  # the streams stay open and say nothing more
+    await bench.wipe_is_undone(plugin, within=2.0 + 1.0)
+
+
 async def test_conflicts_on_slice_updates_back_off_and_converge(bench):
     plugin = await bench.up()
     port, name = port_device(bench, "86")

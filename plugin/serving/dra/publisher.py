@@ -46,6 +46,9 @@ Build = Callable[[str, int, str, bool], list[KubeObject]]
 
 BACKOFF_INITIAL = 0.2
 BACKOFF_MAX = 30.0
+WATCH_LIFETIME = 300.0
+"""Seconds one slice watch is followed before it is made anew from a list (the Go
+reflector asks the server to end its watches after 5 to 10 minutes for the same reason)."""
 EXPIRED_STREAK = 10.0
 """A watch answered 410 within this many seconds of its list is one of a streak (a server
 that expires every version at once), backed off from the second on."""
@@ -193,7 +196,11 @@ class SlicePublisher:
 
         Never ends on its own: every failure is retried with back-off, so the slices a
         kubelet start wipes are always noticed. A 410 (the version listed is too old) lists
-        again at once; a server that answers 410 again and again is backed off too."""
+        again at once; a server that answers 410 again and again is backed off too. A watch
+        is given up after ``WATCH_LIFETIME`` and made anew from a list: the stream has no
+        read timeout (it may be quiet for hours), so a connection that died without a word
+        (a load balancer failing over, a peer gone without a reset) would otherwise be
+        waited on for ever."""
         loop = asyncio.get_running_loop()
         delay = BACKOFF_INITIAL
         expired = 0
@@ -204,9 +211,16 @@ class SlicePublisher:
                 items, resource_version = await self._api.list_slices(self._selector)
                 self._notice({name_of(o): resource_version_of(o) for o in items})
                 delay = BACKOFF_INITIAL
-                async for kind, obj in self._api.watch_slices(self._selector, resource_version):
-                    expired = 0
-                    self._notice_event(kind, obj)
+                try:
+                    async with asyncio.timeout(WATCH_LIFETIME):
+                        async for kind, obj in self._api.watch_slices(self._selector,
+                                                                      resource_version):
+                            expired = 0
+                            self._notice_event(kind, obj)
+                except TimeoutError:
+                    log.debug("slice watch: %g s on one connection; listing and watching "
+                              "again", WATCH_LIFETIME)
+                    continue
             except Gone as gone:
                 if loop.time() - listed_at > EXPIRED_STREAK:
                     expired = 0
