@@ -272,6 +272,9 @@ class DraNodeService:
     def _on_info(self) -> None:
         self.info_calls += 1
         log.debug("DRA driver %s: kubelet asked GetInfo", self.driver)
+        # A (new) kubelet registering: it may pick another service. Forgotten here, not at
+        # NotifyRegistrationStatus, which may arrive after that kubelet's first call.
+        self.kubelet_service = None
 
     def _on_status(self, outcome: RegistrationOutcome) -> None:
         self.registration = outcome
@@ -280,7 +283,6 @@ class DraNodeService:
         else:
             log.error("DRA driver %s: the kubelet refused the registration: %s", self.driver,
                       outcome.error or "no reason given")
-        self.kubelet_service = None  # a new registration may pick another service
 
     def _on_call(self, service: DraService, method: str) -> None:
         if service.role is Role.HEALTH:
