@@ -18,11 +18,10 @@ why), :class:`Conflict` (409), :class:`Gone` (410: watch again from a fresh list
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx2
 from lightkube import ApiError, AsyncClient, KubeConfig
@@ -32,18 +31,25 @@ from lightkube.generic_resource import create_global_resource, create_namespaced
 from api_versions.resource_versions import GROUP, KNOWN_VERSIONS, newest_first
 
 log = logging.getLogger(__name__)
+# The HTTP library says every request at info: one line per call and per retry.
+logging.getLogger("httpx2").setLevel(max(logging.getLogger().level, logging.WARNING))
 
 REQUEST_TIMEOUT = 10.0
 """Seconds for one call; a watch's stream has no read timeout (the server ends it)."""
 FIELD_MANAGER = "accelerator-device-plugin"
+T = TypeVar("T")
 
 
 class ApiFailure(Exception):
     """A call to the API server that did not do what was asked."""
 
-    def __init__(self, message: str, status: int | None = None) -> None:
+    def __init__(self, message: str, status: int | None = None,
+                 retry_after: float | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.retry_after = retry_after
+        """Seconds the server asked to wait before trying again (``Retry-After``: 429 from
+        priority and fairness, some 503s), None when it did not say."""
 
 
 class ApiUnavailable(ApiFailure):
@@ -76,10 +82,19 @@ class NoResourceApi(ApiFailure):
 
 def load_config(kubeconfig: Path | None) -> KubeConfig:
     """``--kubeconfig`` when given; in a pod, its service account (token, CA, and
-    ``KUBERNETES_SERVICE_HOST``/``PORT``)."""
+    ``KUBERNETES_SERVICE_HOST``/``PORT``).
+
+    A token file (the service account's, or a kubeconfig's ``tokenFile``) is read again
+    whenever the server answers 401, so a rotated token is picked up without a restart. A
+    relative ``tokenFile`` is found beside the kubeconfig, as kubectl and client-go find it
+    (the library would look in the working directory)."""
     try:
         if kubeconfig is not None:
-            return KubeConfig.from_file(kubeconfig)
+            config = KubeConfig.from_file(kubeconfig)
+            for user in config.users.values():
+                if user.token_file and not Path(user.token_file).expanduser().is_absolute():
+                    user.token_file = str(Path(kubeconfig).parent / user.token_file)
+            return config
         return KubeConfig.from_service_account()
     except (ConfigError, OSError, KeyError, ValueError) as exc:
         where = str(kubeconfig) if kubeconfig else "the pod's service account"
@@ -131,10 +146,13 @@ class ApiServer:
 
     async def list_slices(self, selector: dict[str, str]) -> tuple[list[dict[str, Any]], str]:
         """The slices the field ``selector`` picks, and the list's resourceVersion."""
-        version = await self.resource_version()
-        listing = self._client.list(self._slices(version), fields=selector)
-        items = [_plain(o) async for o in _guard(listing, self._forget_on_404)]
-        return items, str(listing.resourceVersion)
+
+        async def in_version(version: str) -> tuple[list[dict[str, Any]], str]:
+            listing = self._client.list(self._slices(version), fields=selector)
+            items = [_plain(o) async for o in _guard(listing, self._forget_on_404)]
+            return items, str(listing.resourceVersion)
+
+        return await self._in_served_version(in_version)
 
     async def watch_slices(
         self, selector: dict[str, str], resource_version: str,
@@ -156,20 +174,48 @@ class ApiServer:
         return _plain(await self._call(self._client.replace(resource(obj))))
 
     async def delete_slice(self, name: str) -> None:
-        version = await self.resource_version()
-        with contextlib.suppress(NotFound):  # gone already: what was wanted
-            await self._call(self._client.delete(self._slices(version), name))
+        async def in_version(version: str) -> None:
+            try:
+                await self._call(self._client.delete(self._slices(version), name))
+            except NotFound as exc:
+                if exc.unserved:  # the version is gone, not the slice
+                    raise
+                # the slice is gone already: what was wanted
+
+        await self._in_served_version(in_version)
 
     async def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
-        version = await self.resource_version()
-        resource = self._resource(version, "ResourceClaim", "resourceclaims", namespaced=True)
-        return _plain(await self._call(self._client.get(resource, name, namespace=namespace)))
+        """The claim, with the ``apiVersion`` it was read in."""
+
+        async def in_version(version: str) -> dict[str, Any]:
+            resource = self._resource(version, "ResourceClaim", "resourceclaims",
+                                      namespaced=True)
+            found = _plain(await self._call(self._client.get(resource, name,
+                                                             namespace=namespace)))
+            found.setdefault("apiVersion", f"{GROUP}/{version}")
+            return found
+
+        return await self._in_served_version(in_version)
 
     async def device_classes(self) -> list[dict[str, Any]]:
-        version = await self.resource_version()
-        resource = self._resource(version, "DeviceClass", "deviceclasses")
-        listing = self._client.list(resource)
-        return [_plain(o) async for o in _guard(listing, self._forget_on_404)]
+        async def in_version(version: str) -> list[dict[str, Any]]:
+            resource = self._resource(version, "DeviceClass", "deviceclasses")
+            listing = self._client.list(resource)
+            return [_plain(o) async for o in _guard(listing, self._forget_on_404)]
+
+        return await self._in_served_version(in_version)
+
+    async def _in_served_version(self, call: Callable[[str], Awaitable[T]]) -> T:
+        """``call(version)`` in the version the server serves, and once more after a 404
+        that says the version itself is gone: the server was upgraded or downgraded behind
+        the same address since the version was found, and the call is as good in the one
+        it serves now. The caller never sees that 404 unless the second try gets one too."""
+        try:
+            return await call(await self.resource_version())
+        except NotFound as exc:
+            if not exc.unserved:
+                raise
+        return await call(await self.resource_version())  # forgotten: found again
 
     def _slices(self, version: str) -> Any:
         return self._resource(version, "ResourceSlice", "resourceslices")
@@ -213,24 +259,27 @@ async def _guard(stream: Any, on_unserved: Any) -> AsyncIterator[Any]:
 
 
 def translate(exc: BaseException) -> ApiFailure:
-    """One of this module's failures for anything the client library raised."""
+    """One of this module's failures for anything the client library raised; never raises."""
     if isinstance(exc, ApiFailure):
         return exc
     if isinstance(exc, ApiError):
         code = int(exc.status.code or 0)
         reason = str(exc.status.reason or "")
         message = str(exc.status.message or reason or exc)
-        return _by_status(code, message, reason)
+        return _by_status(code, message, reason, retry_after=_retry_after(exc))
     if isinstance(exc, httpx2.HTTPStatusError):
         # Not a Status object: a path the server does not serve ("404 page not found"),
-        # or an overload answer in plain text (429 with Retry-After).
-        status = _status_object(exc.response)
+        # an overload answer in plain text (429 with Retry-After), or a watch's answer,
+        # whose body the library closed unread.
+        response = exc.response
+        status = _status_object(response)
         if status is not None:  # a Status after all, under another content type
-            return _by_status(exc.response.status_code, str(status.get("message", "")),
-                              str(status.get("reason", "")))
-        text = exc.response.text.strip()[:300]
-        return _by_status(exc.response.status_code, text or exc.response.reason_phrase, "",
-                          unserved=exc.response.status_code == 404)
+            return _by_status(response.status_code, str(status.get("message", "")),
+                              str(status.get("reason", "")), retry_after=_retry_after(exc))
+        text = _text(response).strip()[:300]
+        return _by_status(response.status_code, text or response.reason_phrase, "",
+                          unserved=response.status_code == 404,
+                          retry_after=_retry_after(exc))
     if isinstance(exc, httpx2.TimeoutException):
         return ApiUnavailable(f"API server did not answer in time ({type(exc).__name__})")
     if isinstance(exc, (httpx2.TransportError, OSError)):
@@ -238,24 +287,44 @@ def translate(exc: BaseException) -> ApiFailure:
     return ApiUnavailable(f"API server call failed: {type(exc).__name__}: {exc}")
 
 
-def _by_status(code: int, message: str, reason: str, unserved: bool = False) -> ApiFailure:
+def _by_status(code: int, message: str, reason: str, unserved: bool = False,
+               retry_after: float | None = None) -> ApiFailure:
     if code == 404:
         return NotFound(message, unserved=unserved)
     if code == 409:
         return Conflict(message, code)
     if code == 410:
         return Gone(message, code)
+    text = f"{code} {reason}: {message}".replace(" :", ":")
     if code in (400, 401, 403, 422):
-        return ApiRefused(f"{code} {reason}: {message}".replace(" :", ":"), code)
-    return ApiUnavailable(f"{code} {reason}: {message}".replace(" :", ":"), code)
+        return ApiRefused(text, code)
+    return ApiUnavailable(text, code, retry_after)
 
 
 def _status_object(response: httpx2.Response) -> dict[str, Any] | None:
     try:
         body = response.json()
-    except ValueError:
+    except (ValueError, httpx2.StreamError):  # not JSON, or a stream closed unread
         return None
     return body if isinstance(body, dict) and body.get("kind") == "Status" else None
+
+
+def _text(response: httpx2.Response) -> str:
+    try:
+        return response.text
+    except httpx2.StreamError:
+        return ""
+
+
+def _retry_after(exc: httpx2.HTTPStatusError) -> float | None:
+    """``Retry-After`` in seconds (the API server only ever sends seconds)."""
+    response = getattr(exc, "response", None)
+    value = response.headers.get("Retry-After") if response is not None else None
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and 0 <= seconds < 3600 else None
 
 
 def _plain(obj: Any) -> dict[str, Any]:

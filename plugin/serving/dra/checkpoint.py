@@ -60,18 +60,38 @@ class CheckpointError(Exception):
 class ClaimCheckpoint:
     """Claim UID -> :class:`PreparedClaim`, mirrored in the file at ``path``.
 
-    Read once at construction. Reads (:meth:`get`, ``in``, iteration) come from memory;
-    :meth:`commit` writes the whole record and only then changes memory. Writes are
-    serialised (one writer at a time) and run on a worker thread so the event loop keeps
-    answering while the disk syncs.
+    Read once: at construction, or with ``load=False`` at the first use (or
+    :meth:`load`), which is how a driver that must wait for another instance to stop
+    (a rolling update) reads the record that instance left, not the one it found at
+    start. Reads (:meth:`get`, ``in``, iteration) come from memory; :meth:`commit` writes
+    the whole record and only then changes memory. Writes are serialised (one writer at a
+    time) and run on a worker thread so the event loop keeps answering while the disk
+    syncs.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, load: bool = True) -> None:
         self.path = Path(path)
-        self._claims: dict[str, PreparedClaim] = self._load()
+        self._loaded: dict[str, PreparedClaim] | None = None
         self._lock = asyncio.Lock()
         self.writes = 0
         """Files written since start (tests and metrics look at it)."""
+        if load:
+            self.load()
+
+    def load(self) -> None:
+        """Read the file now, unless it was read already (later calls do nothing)."""
+        if self._loaded is None:
+            self._loaded = self._load()
+
+    @property
+    def _claims(self) -> dict[str, PreparedClaim]:
+        self.load()
+        assert self._loaded is not None
+        return self._loaded
+
+    @_claims.setter
+    def _claims(self, claims: dict[str, PreparedClaim]) -> None:
+        self._loaded = claims
 
     # -- reading ---------------------------------------------------------------------------
 

@@ -32,7 +32,7 @@ from api_versions.resource_claims import parse_claim
 from api_versions.resource_slices import slices_for
 from api_versions.watcher import RegistrationOutcome
 from plugin.model.feed import DeviceFeed
-from plugin.serving.dra.apiserver import ApiFailure, ApiServer
+from plugin.serving.dra.apiserver import ApiFailure, ApiRefused, ApiServer
 from plugin.serving.dra.checkpoint import ClaimCheckpoint
 from plugin.serving.dra.claim_cdi import ClaimSpecs, accelerator_env
 from plugin.serving.dra.claims_model import ClaimAllocation, ClaimRef
@@ -45,6 +45,8 @@ from plugin.serving.dra.service import DraNodeService
 log = logging.getLogger(__name__)
 
 CHECKPOINT_FILE = "claims.json"
+CONNECT_RETRY_INITIAL = 0.2
+CONNECT_RETRY_MAX = 30.0
 
 
 @dataclass(frozen=True)
@@ -105,12 +107,6 @@ class DraDriver:
     def publishing(self) -> bool:
         return self._publishing is not None
 
-    @property
-    def api(self) -> ApiServer:
-        if self._api is None:
-            self._api = ApiServer.connect(self.place.kubeconfig)
-        return self._api
-
     async def run(self) -> None:
         """``--api dra``: serve the kubelet and publish until cancelled."""
         try:
@@ -125,17 +121,22 @@ class DraDriver:
         if self.service is not None:
             return
         place = self.place
-        api = self.api
+        if self._api is None:
+            self._api = await self._connect()
+        api = self._api
 
         async def read_claim(ref: ClaimRef) -> ClaimAllocation:
             obj = await api.get_claim(ref.namespace, ref.name)
-            return parse_claim(api.version or "v1", obj)
+            # In the version it was read in: another call may have found another since.
+            return parse_claim(str(obj["apiVersion"]).rpartition("/")[2], obj)
 
         if self._preparer is None:
             place.state_dir.mkdir(parents=True, exist_ok=True)
+            # Read at first use, which comes through the socket: only the instance holding
+            # it reads the record (a rolling update's newcomer waits for the old one first).
             self._preparer = ClaimPreparer(
                 place.driver, place.node, self.device_names, read_claim, self._cdi_ids,
-                ClaimCheckpoint(place.state_dir / CHECKPOINT_FILE),
+                ClaimCheckpoint(place.state_dir / CHECKPOINT_FILE, load=False),
                 claim_specs=ClaimSpecs(place.cdi_dir, place.driver,
                                        lambda ids: accelerator_env(ids, self.feed.current)))
             self._health = HealthBroadcaster(place.node, self.feed, self.device_names)
@@ -166,8 +167,10 @@ class DraDriver:
         must serve a resource.k8s.io version the driver speaks, and a DeviceClass must map
         each resource name (otherwise pods asking for it by name would find nothing)."""
         try:
-            version = await self.api.resource_version()
-            mapped = extended_resource_names(await self.api.device_classes())
+            if self._api is None:
+                self._api = ApiServer.connect(self.place.kubeconfig)
+            version = await self._api.resource_version()
+            mapped = extended_resource_names(await self._api.device_classes())
         except ApiFailure as failure:
             return f"the API server cannot tell ({failure})"
         missing = sorted(set(resource_names) - set(mapped))
@@ -178,11 +181,23 @@ class DraDriver:
         return None
 
     def start_publishing(self) -> None:
+        """Publish once the driver holds its socket (serve_kubelet first): one instance per
+        node is the driver, and a rolling update's newcomer must not fight the old one's
+        slices while it waits for that one to stop."""
         if self._publishing is not None:
             return
-        self.publisher = SlicePublisher(self.api, self.place.node, self.place.driver,
-                                        self.build)
-        self._publishing = asyncio.create_task(self.publisher.run(), name="slice publisher")
+        assert self._api is not None and self.service is not None, "serve_kubelet first"
+        publisher = SlicePublisher(self._api, self.place.node, self.place.driver, self.build)
+        self.publisher = publisher
+        service, preparer = self.service, self._preparer
+
+        async def publish() -> None:
+            await service.wait_serving()
+            if preparer is not None:
+                preparer.checkpoint.load()  # the socket is ours: so is the record (said now)
+            await publisher.run()
+
+        self._publishing = asyncio.create_task(publish(), name="slice publisher")
 
     async def stop_publishing(self, withdraw: bool) -> None:
         """Stop publishing; with ``withdraw`` delete the pool's slices, so the scheduler
@@ -209,6 +224,27 @@ class DraDriver:
         if self._api is not None:
             await self._api.close()
             self._api = None
+
+    async def _connect(self) -> ApiServer:
+        """The API client, once its configuration can be read: a kubeconfig or service
+        account that is missing or broken is said once and tried again with back-off, not
+        raised into the supervisor at every try (a traceback each time)."""
+        delay, said = CONNECT_RETRY_INITIAL, None
+        while True:
+            try:
+                api = ApiServer.connect(self.place.kubeconfig)
+            except ApiRefused as refusal:
+                if str(refusal) != said:
+                    log.error("DRA driver %s: %s; trying again with back-off, up to every "
+                              "%g s", self.place.driver, refusal, CONNECT_RETRY_MAX)
+                    said = str(refusal)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, CONNECT_RETRY_MAX)
+                continue
+            if said is not None:
+                log.info("DRA driver %s: the API server configuration can be read now",
+                         self.place.driver)
+            return api
 
     async def _follow_devices(self) -> None:
         async for _devices in self.feed.subscribe():

@@ -46,6 +46,12 @@ Build = Callable[[str, int, str, bool], list[KubeObject]]
 
 BACKOFF_INITIAL = 0.2
 BACKOFF_MAX = 30.0
+WATCH_LIFETIME = 300.0
+"""Seconds one slice watch is followed before it is made anew from a list (the Go
+reflector asks the server to end its watches after 5 to 10 minutes for the same reason)."""
+EXPIRED_STREAK = 10.0
+"""A watch answered 410 within this many seconds of its list is one of a streak (a server
+that expires every version at once), backed off from the second on."""
 
 
 class SlicePublisher:
@@ -68,7 +74,8 @@ class SlicePublisher:
         self._generation = 0
         self._taints = True
         self._node_uid: str | None = None
-        self._state = ""
+        self._state: object = None
+        """What kind of failure was said last (None: publishing works)."""
         self.publications = 0
         """How many times the pool was (re)published: for status lines and tests."""
 
@@ -99,38 +106,56 @@ class SlicePublisher:
 
     async def _reconcile_forever(self) -> None:
         delay = BACKOFF_INITIAL
+        conflicts = 0
         while True:
             await self._wanted.wait()
             self._wanted.clear()
             try:
                 await self._reconcile()
+            except Conflict as conflict:
+                # Someone wrote in between: read again at once. One who keeps doing it (a
+                # second instance of this driver, a controller undoing our writes) is
+                # backed off like any failure, and said once.
+                self._wanted.set()
+                conflicts += 1
+                if conflicts > 1:
+                    self._say(conflict, f"the slices of {self.node} keep changing under "
+                              f"this driver (409 Conflict: {conflict}); another writer? "
+                              "retrying", logging.WARNING)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, self._backoff_max)
+                continue
             except ApiRefused as refusal:
                 if not self._taints_unknown_to(refusal):
-                    self._say(f"cannot publish the devices of {self.node}: {refusal}; "
+                    self._say(refusal, f"cannot publish the devices of {self.node}: {refusal}; "
                               "retrying", logging.ERROR)
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, self._backoff_max)
                 self._wanted.set()
                 continue
-            except Conflict:
-                self._wanted.set()  # someone wrote in between: read again at once
-                continue
             except ApiFailure as failure:
-                self._say(f"cannot publish the devices of {self.node}: {failure}; retrying",
-                          logging.WARNING)
+                self._say(failure, f"cannot publish the devices of {self.node}: {failure}; "
+                          "retrying", logging.WARNING)
                 self._node_uid = None if failure.status in (404, None) else self._node_uid
-                await asyncio.sleep(delay)
+                await asyncio.sleep(_pause(delay, failure, self._backoff_max))
                 delay = min(delay * 2, self._backoff_max)
                 self._wanted.set()
                 continue
-            if self._state:
+            if self._state is not None:
                 log.info("the API server answers again; the devices of %s are published",
                          self.node)
-                self._state = ""
+                self._state = None
             delay = BACKOFF_INITIAL
+            conflicts = 0
 
     async def _reconcile(self) -> None:
         version = await self._api.resource_version()
+        if self._last_version not in (None, version):
+            # Upgraded or downgraded behind the same address: whether it keeps taints is
+            # learnt again from what it stores.
+            log.info("the API server now serves resource.k8s.io/%s (was %s); publishing "
+                     "the devices of %s through it", version, self._last_version, self.node)
+            self._taints = True
         if self._node_uid is None:
             self._node_uid = await self._api.node_uid(self.node)
         content = self._build(version, 0, self._node_uid, self._taints)
@@ -167,21 +192,60 @@ class SlicePublisher:
                  "(resource.k8s.io/%s)", len(wanted), self.node, self._generation, version)
 
     async def _watch(self) -> None:
-        """Wake the reconciler when a slice of ours is deleted or changed by someone else."""
+        """Wake the reconciler when a slice of ours is deleted or changed by someone else.
+
+        Never ends on its own: every failure is retried with back-off, so the slices a
+        kubelet start wipes are always noticed. A 410 (the version listed is too old) lists
+        again at once; a server that answers 410 again and again is backed off too. A watch
+        is given up after ``WATCH_LIFETIME`` and made anew from a list: the stream has no
+        read timeout (it may be quiet for hours), so a connection that died without a word
+        (a load balancer failing over, a peer gone without a reset) would otherwise be
+        waited on for ever."""
+        loop = asyncio.get_running_loop()
         delay = BACKOFF_INITIAL
+        expired = 0
+        unexpected: str | None = None
         while True:
+            listed_at = loop.time()
             try:
                 items, resource_version = await self._api.list_slices(self._selector)
                 self._notice({name_of(o): resource_version_of(o) for o in items})
                 delay = BACKOFF_INITIAL
-                async for kind, obj in self._api.watch_slices(self._selector, resource_version):
-                    self._notice_event(kind, obj)
-            except Gone:
-                continue  # too old: list again and go on from there
+                try:
+                    async with asyncio.timeout(WATCH_LIFETIME):
+                        async for kind, obj in self._api.watch_slices(self._selector,
+                                                                      resource_version):
+                            expired = 0
+                            self._notice_event(kind, obj)
+                except TimeoutError:
+                    log.debug("slice watch: %g s on one connection; listing and watching "
+                              "again", WATCH_LIFETIME)
+                    continue
+            except Gone as gone:
+                if loop.time() - listed_at > EXPIRED_STREAK:
+                    expired = 0
+                expired += 1
+                if expired == 1:  # routine: the server compacted past the version listed
+                    log.debug("slice watch: %s (410 Gone); listing again", gone)
+                    continue
+                if expired == 2:
+                    log.warning("slice watch: the API server answers 410 Gone even right "
+                                "after a list; watching again with back-off")
+                await asyncio.sleep(min(BACKOFF_INITIAL * 2 ** (expired - 2), self._backoff_max))
+                continue
             except ApiFailure as failure:
                 log.debug("slice watch: %s; watching again in %.1f s", failure, delay)
-                await asyncio.sleep(delay)
+                await asyncio.sleep(_pause(delay, failure, self._backoff_max))
                 delay = min(delay * 2, self._backoff_max)
+                continue
+            except Exception as exc:  # a bug must not leave the slices unwatched for good
+                what = f"{type(exc).__name__}: {exc}"
+                if what != unexpected:
+                    log.error("slice watch failed; watching again in %.1f s", delay,
+                              exc_info=exc)
+                    unexpected = what
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self._backoff_max)
 
     def _taints_unknown_to(self, refusal: ApiRefused) -> bool:
         """A server whose resource.k8s.io has no taints field at all (1.32) refuses the
@@ -194,7 +258,9 @@ class SlicePublisher:
         return True
 
     def _notice(self, stored: dict[str, str]) -> None:
-        if stored != self._written:
+        """After a list: wake the reconciler if the slices are not those it wrote, or were
+        written in a version the server no longer serves."""
+        if stored != self._written or self._api.version != self._last_version:
             self._wanted.set()
 
     def _notice_event(self, kind: str, obj: Any) -> None:
@@ -207,8 +273,17 @@ class SlicePublisher:
                 resource_version_of(obj):
             self._wanted.set()
 
-    def _say(self, state: str, level: int) -> None:
-        """Log a failing state once, not at every retry."""
+    def _say(self, failure: ApiFailure, message: str, level: int) -> None:
+        """Log a failing state once, not at every retry. A state is the failure's kind
+        (class and HTTP status), not its wording, which may change from one try to the next
+        (a refused connection, then a connect timeout, during one outage)."""
+        state = (type(failure), failure.status)
         if state != self._state:
             self._state = state
-            log.log(level, state)
+            log.log(level, message)
+
+
+def _pause(delay: float, failure: ApiFailure, longest: float) -> float:
+    """The back-off ``delay``, or the server's ``Retry-After`` (429 from priority and
+    fairness, some 503s) when it asks for longer, never beyond ``longest``."""
+    return min(max(delay, failure.retry_after or 0.0), longest)

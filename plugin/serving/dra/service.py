@@ -278,6 +278,9 @@ class DraNodeService:
     def _on_info(self) -> None:
         self.info_calls += 1
         log.debug("DRA driver %s: kubelet asked GetInfo", self.driver)
+        # A (new) kubelet registering: it may pick another service. Forgotten here, not at
+        # NotifyRegistrationStatus, which may arrive after that kubelet's first call.
+        self.kubelet_service = None
 
     async def verdict_after(self, seen: int, timeout: float) -> RegistrationOutcome | None:
         """The kubelet's word on the registration once more than ``seen`` have been given;
@@ -300,9 +303,6 @@ class DraNodeService:
         else:
             log.log(self._refusal_level, "DRA driver %s: the kubelet refused the "
                     "registration: %s", self.driver, outcome.error or "no reason given")
-            self.kubelet_service = None
-        # A registration may pick another service; the first call through it says which
-        # (a reset here would race that call when the kubelet's word arrives after it).
 
     def _on_call(self, service: DraService, method: str) -> None:
         if service.role is Role.HEALTH:
