@@ -25,6 +25,7 @@ import yaml
 from compat_tests.apiserver import DEFAULT_USER, ApiServerEmulator
 from compat_tests.apiserver.client import ApiClient
 from compat_tests.conftest import FAST_DRA
+from compat_tests.dra_support import until
 from compat_tests.kubelet import KubeletEmulator
 from compat_tests.kubelet.dra import DraConfig
 from compat_tests.kubelet.dra_results import ClaimRef, DeviceHealthRecord
@@ -41,17 +42,6 @@ V1BETA1_ONLY = "resource.k8s.io/v1beta1=true"
 BACKOFF_SEEN = 3.5
 """Longest pause a retry loop can be in after ~3 s of failures (0.2 s doubling)."""
 WRITES = ("create", "update", "patch", "delete", "deletecollection")
-
-
-async def until(condition: Callable[[], Any], what: str, timeout: float = SETTLE) -> float:
-    """Seconds until ``condition()`` holds; AssertionError naming ``what`` after ``timeout``."""
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    while not condition():
-        if loop.time() - start > timeout:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        await asyncio.sleep(0.01)
-    return loop.time() - start
 
 
 def messages(plugin: PluginProcess, *levels: str) -> list[str]:
