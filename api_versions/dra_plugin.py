@@ -31,7 +31,7 @@ from google.protobuf.message import Message
 
 from api_versions import dra_services
 from api_versions.dra_services import DRA_PLUGIN_TYPE, SUPPORTED_VERSIONS, DraService
-from api_versions.watcher import RegistrationOutcome
+from api_versions.watcher import RegistrationOutcome, plugin_registration_handlers
 from api_versions.wire import WireApi, rpc_handler
 from plugin.serving.dra.claims_model import ClaimRef
 from plugin.serving.dra.health import DeviceHealthReport, HealthState
@@ -214,21 +214,5 @@ def registration_handlers(driver: str, on_info: Callable[[], None],
                           on_status: Callable[[RegistrationOutcome], None]
                           ) -> dict[str, grpc.RpcMethodHandler]:
     """``pluginregistration.Registration`` of a DRA driver, keyed by method path."""
-    wire = WireApi.load("pluginregistration")
-    methods = wire.methods("Registration")
-    info = wire.new("PluginInfo", type=DRA_PLUGIN_TYPE, name=driver, endpoint="",
-                    supported_versions=list(SUPPORTED_VERSIONS))
-
-    async def get_info(_request: Any, _context: grpc.aio.ServicerContext) -> Message:
-        on_info()
-        return info
-
-    async def notify(request: Any, _context: grpc.aio.ServicerContext) -> Message:
-        on_status(RegistrationOutcome(bool(request.plugin_registered), str(request.error)))
-        return wire.new("RegistrationStatusResponse")
-
-    return {
-        methods["GetInfo"].path: rpc_handler(methods["GetInfo"], get_info),
-        methods["NotifyRegistrationStatus"].path: rpc_handler(
-            methods["NotifyRegistrationStatus"], notify),
-    }
+    return plugin_registration_handlers(DRA_PLUGIN_TYPE, driver, SUPPORTED_VERSIONS, on_info,
+                                        on_status)

@@ -15,6 +15,11 @@ from typing import Any
 KubeObject = dict[str, Any]
 
 
+def api_version_of(obj: KubeObject) -> str:
+    """The version part of ``apiVersion`` (``resource.k8s.io/v1beta1`` -> ``v1beta1``)."""
+    return str(obj.get("apiVersion", "")).rpartition("/")[2]
+
+
 def name_of(obj: KubeObject) -> str:
     return str(obj.get("metadata", {}).get("name", ""))
 

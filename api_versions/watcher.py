@@ -9,7 +9,7 @@ with the outcome. Only ``v1beta1`` can be registered this way.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,15 +33,28 @@ def registration_handlers(
     on_info: Callable[[], None],
     on_status: Callable[[RegistrationOutcome], None],
 ) -> dict[str, grpc.RpcMethodHandler]:
-    """Handlers of the Registration service, keyed by method path.
+    """Handlers of the Registration service of a device plugin, keyed by method path."""
+    return plugin_registration_handlers(DEVICE_PLUGIN_TYPE, resource_name, [GENERATION],
+                                        on_info, on_status)
+
+
+def plugin_registration_handlers(
+    plugin_type: str,
+    name: str,
+    supported_versions: Sequence[str],
+    on_info: Callable[[], None],
+    on_status: Callable[[RegistrationOutcome], None],
+) -> dict[str, grpc.RpcMethodHandler]:
+    """Handlers of the Registration service for any plugin type (a device plugin, a DRA
+    driver), keyed by method path.
 
     ``endpoint`` is left empty: the kubelet then dials the socket it found, by the path it
     sees on the host, which stays right however the plugin's container mounts the directory.
     """
     wire = WireApi.load("pluginregistration")
     methods = wire.methods("Registration")
-    info = wire.new("PluginInfo", type=DEVICE_PLUGIN_TYPE, name=resource_name, endpoint="",
-                    supported_versions=[GENERATION])
+    info = wire.new("PluginInfo", type=plugin_type, name=name, endpoint="",
+                    supported_versions=list(supported_versions))
 
     async def get_info(_request: Any, _context: grpc.aio.ServicerContext) -> Any:
         on_info()

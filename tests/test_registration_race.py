@@ -18,8 +18,8 @@ from compat_tests.kubelet import KubeletEmulator
 from plugin.model.devices import DeviceSet
 from plugin.model.feed import DeviceFeed
 from plugin.process.dirwatch import Change, DirEvent
+from plugin.serving import socket_claim as socket_module
 from plugin.serving.deviceplugin import kubelet_socket as negotiation_module
-from plugin.serving.deviceplugin import socket as socket_module
 from plugin.serving.deviceplugin.server import ResourceServer, Timing
 
 

@@ -68,6 +68,8 @@ class Daemon:
         # DRA hands devices to containers only through CDI: its specs are always written.
         self._cdi = SpecWriter(self.settings.cdi_spec_dir) if self.settings.cdi or dra else None
         self._last_node: DeviceSet | None = None
+        self._counted: set[str] = set()
+        """Resource names the device metrics were last set for (a vanished one goes to 0)."""
         self.dra_side = DraSide(self.settings, self._cdi, self._stop.is_set,
                                 self._withdraw_all, self._publish_again) \
             if dra and self._cdi is not None else None
@@ -139,12 +141,16 @@ class Daemon:
             self.settings.resource_prefix,
         )
         self._last_node = node
+        for name, devices in groups.items():
+            metrics.devices(name, devices)
+        for name in self._counted - groups.keys():
+            metrics.devices(name, DeviceSet.of(()))
+        self._counted = set(groups)
         if self.dra_side is not None:
             await self.dra_side.publish(node, groups)
             if not self.dra_side.device_plugin_allowed:
                 return
         for name, devices in groups.items():
-            metrics.devices(name, devices)
             resource = self.resources.get(name)
             if resource is None:
                 resource = self._adopt(name, devices)
@@ -152,7 +158,6 @@ class Daemon:
             await resource.feed.publish(devices)
         for name in [n for n in self.resources if n not in groups]:
             log.info("%s: no devices left; withdrawing the resource", name)
-            metrics.devices(name, DeviceSet.of(()))
             await self._retire(name)
 
     async def _withdraw_all(self) -> None:

@@ -32,7 +32,6 @@ from api_versions.negotiate import KUBELET_SOCKET
 from plugin.cli.config import KUBELET_PLUGINS_DIR, Settings
 from plugin.model.devices import DeviceSet
 from plugin.model.feed import DeviceFeed
-from plugin.process import metrics
 from plugin.process.supervise import supervise
 from plugin.serving.cdi import CdiPolicy, SpecWriter
 from plugin.serving.routing import identity
@@ -90,7 +89,6 @@ class DraSide:
             self._cdi.remove(name)
             del self._policies[name]
         for name, devices in groups.items():
-            metrics.devices(name, devices)
             written = self._cdi.write(name, devices)
             self._policies[name] = CdiPolicy.of(name, devices, "cdi") if written else None
         self._resources = sorted(groups)

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import grpc
 
-from plugin.serving.deviceplugin.channels import FileIdentity
+FileIdentity = tuple[int, int, int]
+"""What tells one file from its replacement at the same path (inodes get reused)."""
 
 
 def identity(path: Path) -> FileIdentity | None:

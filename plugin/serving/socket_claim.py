@@ -26,10 +26,16 @@ import os
 import socket
 import stat
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+
+from plugin.serving.routing import FileIdentity, identity
 
 LOCK_POLL_SECONDS = 0.01
 PROBE_TIMEOUT_SECONDS = 0.5
@@ -143,3 +149,40 @@ def move_into_place(staged: Path, final: Path) -> None:
     """Atomically put the bound socket at ``final`` (replacing a stale file there)."""
     if staged != final:
         os.rename(staged, final)
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A gRPC server put in place at a socket path by :func:`serve_in_place`."""
+
+    server: grpc.aio.Server
+    served: FileIdentity | None
+    """The file put there: removed on the way out only while it is still this one."""
+    replaced_stale: bool
+    """A dead socket (nothing answered on it) was at the path and was replaced."""
+
+
+async def serve_in_place(path: Path, handlers: Sequence[grpc.GenericRpcHandler],
+                         health: health_aio.HealthServicer, *,
+                         under_lock: Callable[[], None] = lambda: None) -> Bound:
+    """Serve ``handlers`` (and the gRPC health service) at ``path`` the claim's way: under the
+    directory's lock, never over a socket a live process answers on (:class:`SocketHeld`),
+    bound under a private name and renamed into place. ``under_lock`` runs once the path is
+    known free, before the bind (a check that must not race another instance)."""
+    async with directory_lock(path.parent):
+        found = probe(path)
+        if found.state is PathState.LIVE:
+            raise SocketHeld(path, found)
+        under_lock()
+        staged = staging_path(path)
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers(list(handlers))
+        health_pb2_grpc.add_HealthServicer_to_server(health, server)
+        server.add_insecure_port(f"unix://{staged.absolute()}")
+        await server.start()
+        try:
+            move_into_place(staged, path)
+        except BaseException:
+            await server.stop(None)
+            raise
+        return Bound(server, identity(path), found.state is PathState.STALE)

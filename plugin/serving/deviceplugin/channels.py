@@ -22,9 +22,7 @@ from enum import Enum
 from pathlib import Path
 
 from api_versions.watcher import GENERATION, RegistrationOutcome
-
-FileIdentity = tuple[int, int, int]
-"""What tells one file from its replacement at the same path (inodes get reused)."""
+from plugin.serving.routing import FileIdentity
 
 MODES = ("auto", "kubelet-socket", "plugin-watcher")
 DEFAULT_REGISTRY = Path("/var/lib/kubelet/plugins_registry")

@@ -26,8 +26,8 @@ from api_versions.negotiate import (
 )
 from api_versions.retry import RetryPolicy
 from plugin.process import metrics
-from plugin.serving.deviceplugin.channels import Channel, ChannelChooser, FileIdentity
-from plugin.serving.routing import GenerationRouter, identity
+from plugin.serving.deviceplugin.channels import Channel, ChannelChooser
+from plugin.serving.routing import FileIdentity, GenerationRouter, identity
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -41,13 +41,12 @@ from plugin.serving.cdi import CdiPolicy
 from plugin.serving.deviceplugin.channels import (
     Channel,
     ChannelChooser,
-    FileIdentity,
     WatcherVerdict,
 )
 from plugin.serving.deviceplugin.kubelet_socket import KubeletSocketChannel
 from plugin.serving.deviceplugin.socket import SocketLifecycle
 from plugin.serving.deviceplugin.watcher_hold import WatcherChannel
-from plugin.serving.routing import GenerationRouter, identity
+from plugin.serving.routing import FileIdentity, GenerationRouter, identity
 from plugin.serving.socket_claim import SocketHeld
 
 log = logging.getLogger(__name__)

@@ -21,15 +21,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from plugin.process import metrics
-from plugin.serving.deviceplugin.channels import Channel, ChannelChooser, FileIdentity
-from plugin.serving.routing import GenerationRouter, identity
+from plugin.serving.deviceplugin.channels import Channel, ChannelChooser
+from plugin.serving.routing import FileIdentity, GenerationRouter, identity
 from plugin.serving.socket_claim import (
     PathState,
     SocketHeld,
-    directory_lock,
-    move_into_place,
     probe,
-    staging_path,
+    serve_in_place,
 )
 
 if TYPE_CHECKING:
@@ -110,23 +108,12 @@ class SocketLifecycle:
     async def _serve(self) -> None:
         if self.channel is Channel.KUBELET_SOCKET:
             self.directory.mkdir(parents=True, exist_ok=True)
-        async with directory_lock(self.socket_path.parent):
-            found = probe(self.socket_path)
-            if found.state is PathState.LIVE:
-                raise SocketHeld(self.socket_path, found)
-            self._check_other_channel()
-            if found.state is PathState.STALE:
-                log.info("%s: replacing stale %s (nothing was serving it)", self.resource_name,
-                         self.socket_path)
-            staged = staging_path(self.socket_path)
-            server = grpc.aio.server()
-            server.add_generic_rpc_handlers([self._router])
-            health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-            server.add_insecure_port(f"unix://{staged.absolute()}")
-            await server.start()
-            self._server = server
-            move_into_place(staged, self.socket_path)
-            self._served = identity(self.socket_path)
+        bound = await serve_in_place(self.socket_path, [self._router], self._health,
+                                     under_lock=self._check_other_channel)
+        self._server, self._served = bound.server, bound.served
+        if bound.replaced_stale:
+            log.info("%s: replacing stale %s (nothing was serving it)", self.resource_name,
+                     self.socket_path)
         await self._confirm()
         log.debug("%s: serving on %s", self.resource_name, self.socket_path)
 

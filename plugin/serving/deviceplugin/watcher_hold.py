@@ -17,8 +17,8 @@ from api_versions.adapter import Adapter
 from api_versions.negotiate import KUBELET_SOCKET
 from api_versions.watcher import GENERATION as WATCHER_GENERATION
 from api_versions.watcher import registration_handlers
-from plugin.serving.deviceplugin.channels import ChannelChooser, FileIdentity, WatcherVerdict
-from plugin.serving.routing import GenerationRouter, identity
+from plugin.serving.deviceplugin.channels import ChannelChooser, WatcherVerdict
+from plugin.serving.routing import FileIdentity, GenerationRouter, identity
 
 if TYPE_CHECKING:
     from pathlib import Path

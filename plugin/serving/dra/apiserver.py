@@ -28,6 +28,7 @@ from lightkube import ApiError, AsyncClient, KubeConfig
 from lightkube.core.exceptions import ConfigError
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 
+from api_versions.k8s_objects import api_version_of
 from api_versions.resource_versions import GROUP, KNOWN_VERSIONS, newest_first
 
 log = logging.getLogger(__name__)
@@ -166,11 +167,11 @@ class ApiServer:
             yield kind, _plain(obj)
 
     async def create_slice(self, obj: dict[str, Any]) -> dict[str, Any]:
-        resource = self._slices(_version_of(obj))
+        resource = self._slices(api_version_of(obj))
         return _plain(await self._call(self._client.create(resource(obj))))
 
     async def replace_slice(self, obj: dict[str, Any]) -> dict[str, Any]:
-        resource = self._slices(_version_of(obj))
+        resource = self._slices(api_version_of(obj))
         return _plain(await self._call(self._client.replace(resource(obj))))
 
     async def delete_slice(self, name: str) -> None:
@@ -329,10 +330,6 @@ def _retry_after(exc: httpx2.HTTPStatusError) -> float | None:
 
 def _plain(obj: Any) -> dict[str, Any]:
     return obj.to_dict() if hasattr(obj, "to_dict") else dict(obj)
-
-
-def _version_of(obj: dict[str, Any]) -> str:
-    return str(obj["apiVersion"]).rpartition("/")[2]
 
 
 __all__: Sequence[str] = (

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from api_versions.device_classes import extended_resource_names
-from api_versions.k8s_objects import KubeObject
+from api_versions.k8s_objects import KubeObject, api_version_of
 from api_versions.resource_claims import parse_claim
 from api_versions.resource_slices import slices_for
 from api_versions.watcher import RegistrationOutcome
@@ -128,7 +128,7 @@ class DraDriver:
         async def read_claim(ref: ClaimRef) -> ClaimAllocation:
             obj = await api.get_claim(ref.namespace, ref.name)
             # In the version it was read in: another call may have found another since.
-            return parse_claim(str(obj["apiVersion"]).rpartition("/")[2], obj)
+            return parse_claim(api_version_of(obj), obj)
 
         if self._preparer is None:
             place.state_dir.mkdir(parents=True, exist_ok=True)

@@ -43,10 +43,8 @@ from plugin.serving.socket_claim import (
     MAX_UNIX_PATH,
     PathState,
     SocketHeld,
-    directory_lock,
-    move_into_place,
     probe,
-    staging_path,
+    serve_in_place,
 )
 
 log = logging.getLogger(__name__)
@@ -192,22 +190,11 @@ class DraNodeService:
     async def _serve(self) -> None:
         self._gone.clear()
         self.registry_dir.mkdir(parents=True, exist_ok=True)
-        async with directory_lock(self.registry_dir):
-            found = probe(self.socket_path)
-            if found.state is PathState.LIVE:
-                raise SocketHeld(self.socket_path, found)
-            if found.state is PathState.STALE:
-                log.info("DRA driver %s: replacing stale %s (nothing was serving it)",
-                         self.driver, self.socket_path)
-            staged = staging_path(self.socket_path)
-            server = grpc.aio.server()
-            server.add_generic_rpc_handlers([self._router])
-            health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-            server.add_insecure_port(f"unix://{staged.absolute()}")
-            await server.start()
-            self._server = server
-            move_into_place(staged, self.socket_path)
-            self._served = identity(self.socket_path)
+        bound = await serve_in_place(self.socket_path, [self._router], self._health)
+        self._server, self._served = bound.server, bound.served
+        if bound.replaced_stale:
+            log.info("DRA driver %s: replacing stale %s (nothing was serving it)",
+                     self.driver, self.socket_path)
         await self._confirm()
         log.info("DRA driver %s: serving %s (claim services %s, health %s)", self.driver,
                  self.socket_path, ", ".join(SERVICE_NAMES),
