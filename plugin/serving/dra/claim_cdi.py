@@ -90,10 +90,14 @@ class ClaimSpecs:
     def write(self, claim_uid: str, requests: Mapping[str, Sequence[str]]) -> str:
         """Write the claim's spec; its file name. OSError when the directory refuses."""
         name = self.file_name(claim_uid)
-        text = json.dumps(self.spec(claim_uid, requests), indent=2, sort_keys=True) + "\n"
-        self.directory.mkdir(parents=True, exist_ok=True)
+        # Compact, so the C encoder does it: the write is on the kubelet's critical path.
+        text = json.dumps(self.spec(claim_uid, requests), sort_keys=True) + "\n"
         # No fsync: claim specs matter only while the node is up (/var/run/cdi is a tmpfs).
-        replace_atomically(self.directory / name, text, sync=False)
+        try:
+            replace_atomically(self.directory / name, text, sync=False)
+        except FileNotFoundError:  # the directory was removed (or never made)
+            self.directory.mkdir(parents=True, exist_ok=True)
+            replace_atomically(self.directory / name, text, sync=False)
         return name
 
     def remove(self, claim_uid: str, file_name: str | None = None) -> None:
