@@ -7,7 +7,7 @@ timers and then runs ``python -m plugin`` (or the reference) as it is: nothing u
 ``plugin/`` is edited, and the figures are what the process measured on itself. It prints
 the kubelet-side medians, the CPU each process spent per prepare + unprepare (every thread,
 from ``/proc/PID/task/*/stat``) and the mean time of each stage per call. Timers cost a few
-microseconds a call; stages nest (``commit`` holds ``_write_atomically``).
+microseconds a call; stages nest (``commit`` holds ``_append_line``).
 
 ``--no-fsync`` also makes ``os.fsync`` a no-op in ``serve``: what durability costs.
 ``--held`` then prepares CLAIMS claims of ours without unpreparing any, and prints the
@@ -91,11 +91,11 @@ def _shim(out: str, what: str, no_fsync: bool, argv: list[str]) -> None:
         (prepare.ClaimPreparer, "unprepare", "ClaimPreparer.unprepare (whole call)"),
         (apiserver.ApiServer, "get_claim", "  ApiServer.get_claim (the GET)"),
         (driver, "parse_claim", "  parse_claim"),
-        (claim_cdi.ClaimSpecs, "write", "  claim CDI spec write (worker thread)"),
-        (claim_cdi.ClaimSpecs, "remove", "  claim CDI spec remove (worker thread)"),
+        (claim_cdi.ClaimSpecs, "write", "  claim CDI spec write"),
+        (claim_cdi.ClaimSpecs, "remove", "  claim CDI spec remove"),
         (checkpoint.ClaimCheckpoint, "commit", "  checkpoint commit (both calls)"),
-        (checkpoint, "_encode", "    checkpoint _encode (event loop)"),
-        (checkpoint, "_write_atomically", "    checkpoint _write_atomically (worker)"),
+        (checkpoint, "_append_line", "    checkpoint _append_line (event loop)"),
+        (checkpoint, "_write_atomically", "    checkpoint rewrite (worker)"),
         (dra_plugin, "prepare_response", "prepare_response"),
         (logging.StreamHandler, "emit", "log line emitted"),
     ]
@@ -167,7 +167,7 @@ async def _held(world: Any, driver: str, count: int) -> None:
         window = took[start:start + step]
         print(f"prepare with {start:4d}-{start + len(window) - 1:4d} claims already held: "
               f"p50 {median(window) * 1e3:7.2f} ms")
-    checkpoint = world.root / "state" / "claims.json"
+    checkpoint = world.root / "state" / "claims.jsonl"
     print(f"checkpoint file with {count} claims: {checkpoint.stat().st_size / 1024:.0f} KiB")
 
 

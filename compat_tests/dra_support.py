@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from compat_tests.apiserver import ApiServerEmulator
 from compat_tests.apiserver.client import ApiClient
+from plugin.serving.dra.checkpoint import ClaimCheckpoint
+from plugin.serving.dra.driver import CHECKPOINT_FILE
+from plugin.serving.dra.prepared import PreparedClaim
 
 SETTLE = 15.0
 
@@ -33,3 +37,8 @@ def wiper(api: ApiServerEmulator) -> Callable[[str], Awaitable[None]]:
                                 fieldSelector=f"spec.nodeName={node}")
 
     return wipe
+
+
+def recorded_claims(state_dir: Path) -> Mapping[str, PreparedClaim]:
+    """The claims the driver's checkpoint in ``state_dir`` holds, read as a restart would."""
+    return ClaimCheckpoint(state_dir / CHECKPOINT_FILE).claims

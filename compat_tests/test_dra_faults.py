@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import shutil
 import textwrap
 import time
@@ -25,13 +24,14 @@ import yaml
 from compat_tests.apiserver import DEFAULT_USER, ApiServerEmulator
 from compat_tests.apiserver.client import ApiClient
 from compat_tests.conftest import FAST_DRA
-from compat_tests.dra_support import until
+from compat_tests.dra_support import recorded_claims, until
 from compat_tests.kubelet import KubeletEmulator
 from compat_tests.kubelet.dra import DraConfig
 from compat_tests.kubelet.dra_results import ClaimRef, DeviceHealthRecord
 from compat_tests.plugin_process import PluginProcess, run_at_start_up
 from compat_tests.test_faults_discovery import HANGING_READS
 from plugin.discovery.backends.fake_sysfs import CRASHED_AFU_ID, DEFAULT_AFU_ID, FakeNode
+from plugin.serving.dra.driver import CHECKPOINT_FILE
 
 NODE = "node-a"
 DRIVER = "accelerator.b-com.com"
@@ -670,18 +670,18 @@ async def test_a_corrupt_checkpoint_is_set_aside_once_and_serving_goes_on(bench,
     await bench.start_api()
     await bench.start_kubelet()
     bench.state.mkdir()
-    checkpoint = bench.state / "claims.json"
+    checkpoint = bench.state / CHECKPOINT_FILE
     checkpoint.write_bytes(content)
     plugin = bench.serve(bench.kubeconfig())
     await bench.published(plugin)
     said = [m for m in messages(plugin, "error") if "checkpoint" in m]
     assert len(said) == 1 and "unusable" in said[0], said
-    [aside] = bench.state.glob("claims.json.corrupt-*")
+    [aside] = bench.state.glob(f"{CHECKPOINT_FILE}.corrupt-*")
     assert aside.read_bytes() == content, "kept for a person to read"
     claim = bench.claim("after-corruption", bench.device_names()[:2])
     outcome = await bench.dra.prepare([claim])
     assert outcome.ok, outcome.error
-    assert claim.uid in json.loads(checkpoint.read_text())["claims"]
+    assert claim.uid in recorded_claims(bench.state)
     assert (await bench.dra.unprepare([claim])).ok
     assert len([m for m in messages(plugin, "error") if "checkpoint" in m]) == 1
 
@@ -697,8 +697,7 @@ async def test_a_second_instance_waits_and_takes_over_without_fighting(bench):
                               what="the newcomer waiting for the socket")
     claim = bench.claim("during-update", bench.device_names()[:2])
     assert (await bench.dra.prepare([claim])).ok, "the first one still serves"
-    record = json.loads((bench.state / "claims.json").read_text())["claims"][claim.uid]
-    spec = bench.cdi / record["claimSpec"]
+    spec = bench.cdi / recorded_claims(bench.state)[claim.uid].claim_spec
     assert spec.exists()
     await asyncio.sleep(3.0)
     writes = bench.slice_writes(start)
@@ -717,5 +716,5 @@ async def test_a_second_instance_waits_and_takes_over_without_fighting(bench):
     # its record too, not only its spec.
     assert (await bench.dra.unprepare([claim])).ok
     assert not spec.exists(), "the claim's CDI spec was left behind"
-    assert claim.uid not in json.loads((bench.state / "claims.json").read_text())["claims"]
+    assert claim.uid not in recorded_claims(bench.state)
     await bench.wipe_is_undone(second)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import os
@@ -47,28 +48,118 @@ async def test_a_commit_is_on_disk_and_read_back_by_the_next_start(path):
     assert list(ClaimCheckpoint(path)) == ["u2"]
 
 
+def lines(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
 async def test_the_file_is_versioned_and_leaves_no_temporary_file_behind(path):
     record = ClaimCheckpoint(path)
     await record.commit(put=[claim("u1")])
-    document = json.loads(path.read_text())
-    assert document["version"] == checkpoint_module.FORMAT_VERSION
-    assert document["checksum"].startswith("sha256:")
-    assert document["claims"]["u1"]["devices"][0]["pool"] == "node-1"
+    header, first = lines(path)
+    assert header == {"kind": checkpoint_module.KIND, "version": checkpoint_module.FORMAT_VERSION}
+    assert first["checksum"].startswith("sha256:")
+    assert first["record"]["put"]["u1"]["devices"][0]["pool"] == "node-1"
     assert sorted(p.name for p in path.parent.iterdir()) == ["checkpoint.json"]
     assert oct(path.stat().st_mode & 0o777) == "0o600"
 
 
-async def test_what_a_power_cut_can_leave_is_set_aside_not_trusted(path, caplog):
-    """No fsync: a power cut may leave the renamed file empty or short; it must read as a
-    damaged record (set aside, nothing prepared), never as a good one."""
+async def test_a_change_is_one_line_added_not_the_record_rewritten(path):
+    """What keeps prepare cheap: the file grows by one line per change; the claims already
+    recorded are not written again."""
+    record = ClaimCheckpoint(path)
+    await record.commit(put=[claim("u1"), claim("u2")])
+    before = path.read_bytes()
+    await record.commit(put=[claim("u3")])
+    await record.commit(remove=["u1"])
+    after = path.read_bytes()
+    assert after.startswith(before), "the lines written before are left as they were"
+    added = [json.loads(line) for line in after[len(before):].splitlines()]
+    assert [a["record"]["seq"] for a in added] == [2, 3]
+    assert list(added[0]["record"]["put"]) == ["u3"] and added[1]["record"]["remove"] == ["u1"]
+    assert record.rewrites == 1 and record.writes == 3
+    assert list(ClaimCheckpoint(path)) == ["u2", "u3"]
+
+
+async def test_the_journal_is_compacted_once_it_outgrows_the_claims(path, monkeypatch):
+    monkeypatch.setattr(checkpoint_module, "COMPACT_AFTER", 4)
+    record = ClaimCheckpoint(path)
+    for n in range(10):
+        await record.commit(put=[claim(f"u{n}")])
+        await record.commit(remove=[f"u{n - 1}"])
+    assert len(lines(path)) <= 1 + 4, "rewritten whole, not grown without end"
+    assert record.rewrites > 1
+    assert list(ClaimCheckpoint(path)) == ["u9"]
+
+
+async def test_many_claims_are_not_rewritten_on_every_change(path, monkeypatch):
+    """With more claims than COMPACT_AFTER, a rewrite waits for as many lines as claims:
+    each change costs O(1) on average, never O(claims)."""
+    monkeypatch.setattr(checkpoint_module, "COMPACT_AFTER", 4)
+    record = ClaimCheckpoint(path)
+    await record.commit(put=[claim(f"held{n}") for n in range(20)])
+    for n in range(10):
+        await record.commit(put=[claim(f"u{n}")])
+        await record.commit(remove=[f"u{n}"])
+    assert record.rewrites == 1 and len(lines(path)) == 1 + 21
+    await record.commit(put=[claim("u10")])
+    assert record.rewrites == 2 and len(lines(path)) == 2
+    assert len(ClaimCheckpoint(path)) == 21
+
+
+async def test_what_a_power_cut_can_leave_at_the_end_is_dropped_and_then_rewritten(
+        path, caplog):
+    """No fsync: a power cut may cut the last lines short or leave zeros. Those changes are
+    lost (so are the containers); the good lines before them still count, and the next
+    change rewrites the file so that the damage never ends up in the middle."""
+    record = ClaimCheckpoint(path)
+    await record.commit(put=[claim("u1")])
+    await record.commit(put=[claim("u2")])
+    good = path.read_bytes()
+    await record.commit(put=[claim("u3")])
+    whole = path.read_bytes()
+    last = whole[len(good):]
+    for tail in (last[: len(last) // 2], last[:-1], b"\x00" * 300, b"\x00" * 40 + b"\n",
+                 last[:20] + b"\x00" * 30 + b"\n" + last[50:-1]):
+        path.write_bytes(good + tail)
+        with caplog.at_level(logging.WARNING):
+            restarted = ClaimCheckpoint(path)
+        assert list(restarted) == ["u1", "u2"], tail
+        assert "damaged line" in caplog.text
+        await restarted.commit(put=[claim("u4")])
+        assert restarted.rewrites == 1, "rewritten, not appended after the damage"
+        assert list(ClaimCheckpoint(path)) == ["u1", "u2", "u4"]
+        caplog.clear()
+
+
+async def test_what_a_power_cut_can_leave_of_a_new_file_is_set_aside_not_trusted(path, caplog):
     checkpoint = ClaimCheckpoint(path)
     await checkpoint.commit(put=[claim("u1"), claim("u2")])
-    whole = path.read_bytes()
-    for damaged in (b"", whole[: len(whole) // 2]):
+    header = path.read_bytes().split(b"\n")[0]
+    for damaged in (b"", header[: len(header) // 2], b"\x00" * 64):
         path.write_bytes(damaged)
         assert len(ClaimCheckpoint(path)) == 0
         assert not path.exists(), "set aside for a person to read"
-    assert "corrupt" in caplog.text or "set aside" in caplog.text
+    assert "unusable" in caplog.text
+
+
+@pytest.mark.parametrize("damage", ["edited", "lost", "swapped"])
+async def test_damage_before_a_good_line_is_not_a_power_cut_and_is_refused(
+        path, caplog, damage):
+    record = ClaimCheckpoint(path)
+    for n in range(4):
+        await record.commit(put=[claim(f"u{n}")])
+    header, *changes = path.read_text().splitlines(keepends=True)
+    if damage == "edited":
+        changes[1] = changes[1].replace("fpga-0", "fpga-9")
+    elif damage == "lost":
+        del changes[1]
+    else:
+        changes[1], changes[2] = changes[2], changes[1]
+    path.write_text(header + "".join(changes))
+    with caplog.at_level(logging.ERROR):
+        assert len(ClaimCheckpoint(path)) == 0
+    assert "unusable" in caplog.text and "line 3" in caplog.text
+    assert not path.exists()
 
 
 async def test_nothing_to_change_writes_nothing(path):
@@ -77,20 +168,46 @@ async def test_nothing_to_change_writes_nothing(path):
     assert record.writes == 0 and not path.exists()
 
 
-async def test_a_failed_write_changes_neither_the_file_nor_memory(path, monkeypatch):
+async def test_a_failed_rewrite_changes_neither_the_file_nor_memory(path, monkeypatch):
     record = ClaimCheckpoint(path)
-    await record.commit(put=[claim("u1")])
-    before = path.read_bytes()
 
     def refuse(*_args):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "replace", refuse)
     with pytest.raises(CheckpointError, match="No space left on device"):
-        await record.commit(put=[claim("u2")], remove=["u1"])
-    assert path.read_bytes() == before
-    assert list(record) == ["u1"]
-    assert sorted(p.name for p in path.parent.iterdir()) == ["checkpoint.json"]
+        await record.commit(put=[claim("u1")])
+    assert list(record) == [] and not path.exists()
+    assert list(path.parent.iterdir()) == [], "no temporary file left"
+    monkeypatch.undo()
+    await record.commit(put=[claim("u1")])
+    assert list(ClaimCheckpoint(path)) == ["u1"]
+
+
+@pytest.mark.parametrize("truncate_fails", [False, True])
+async def test_a_line_written_short_is_cut_off_or_the_file_rewritten_next(
+        path, monkeypatch, truncate_fails):
+    record = ClaimCheckpoint(path)
+    await record.commit(put=[claim("u1")])
+    before = path.read_bytes()
+    real_write = os.write
+
+    def half(fd, data):
+        return real_write(fd, data[: len(data) // 2])
+
+    monkeypatch.setattr(checkpoint_module.os, "write", half)
+    if truncate_fails:
+        monkeypatch.setattr(checkpoint_module.os, "ftruncate", lambda *_: (_ for _ in ()).throw(
+            OSError(5, "Input/output error")))
+    with pytest.raises(CheckpointError, match="written short"):
+        await record.commit(put=[claim("u2")])
+    assert list(record) == ["u1"], "memory unchanged"
+    if not truncate_fails:
+        assert path.read_bytes() == before, "the half line is cut off again"
+    monkeypatch.undo()
+    await record.commit(put=[claim("u3")])
+    assert list(ClaimCheckpoint(path)) == ["u1", "u3"], "no half line left in the middle"
+    assert record.rewrites == (2 if truncate_fails else 1)
 
 
 async def test_a_commit_whose_caller_is_cancelled_still_completes(path, monkeypatch):
@@ -145,29 +262,31 @@ def test_a_corrupt_file_is_set_aside_logged_once_and_the_driver_starts_empty(
 
 async def test_a_file_edited_behind_the_drivers_back_fails_its_checksum(path, caplog):
     await ClaimCheckpoint(path).commit(put=[claim("u1")])
-    document = json.loads(path.read_text())
-    document["claims"]["u1"]["devices"][0]["device"] = "fpga-9"
-    path.write_text(json.dumps(document))
+    path.write_text(path.read_text().replace("fpga-0", "fpga-9"))
     with caplog.at_level(logging.ERROR):
         assert len(ClaimCheckpoint(path)) == 0
-    assert "checksum mismatch" in caplog.text
+    assert "line 2: checksum mismatch" in caplog.text
 
 
-async def test_a_newer_format_is_refused_not_misread(path, caplog):
+@pytest.mark.parametrize("version", [1, 3])
+async def test_another_format_is_refused_not_misread(path, caplog, version):
     await ClaimCheckpoint(path).commit(put=[claim("u1")])
-    document = json.loads(path.read_text())
-    document["version"] = 2
-    path.write_text(json.dumps(document))
+    header, rest = path.read_text().split("\n", 1)
+    path.write_text(header.replace(f'"version":{checkpoint_module.FORMAT_VERSION}',
+                                   f'"version":{version}') + "\n" + rest)
     with caplog.at_level(logging.ERROR):
         assert len(ClaimCheckpoint(path)) == 0
-    assert "format version 2" in caplog.text
+    assert f"format version {version}" in caplog.text
 
 
 async def test_an_entry_of_the_wrong_shape_is_refused(path, caplog):
-    body = {"u1": {"namespace": "ns", "name": "c", "devices": [{"pool": 3}]}}
+    record = {"put": {"u1": {"namespace": "ns", "name": "c", "devices": [{"pool": 3}]}},
+              "remove": [], "seq": 1}
+    body = checkpoint_module._canonical(record)
+    digest = "sha256:" + hashlib.sha256(body.encode()).hexdigest()
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"kind": checkpoint_module.KIND, "version": 1,
-                                "checksum": checkpoint_module._checksum(body), "claims": body}))
+    path.write_text(checkpoint_module._header()
+                    + json.dumps({"checksum": digest, "record": record}) + "\n")
     with caplog.at_level(logging.ERROR):
         assert len(ClaimCheckpoint(path)) == 0
     assert "'pool' is not text" in caplog.text

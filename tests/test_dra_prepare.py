@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 
 import pytest
 
 from plugin.model.devices import Device, DeviceSet
+from plugin.serving.dra import prepare as prepare_module
 from plugin.serving.dra.checkpoint import ClaimCheckpoint
 from plugin.serving.dra.claim_cdi import ClaimSpecs, accelerator_env
 from plugin.serving.dra.prepare import ClaimPreparer
@@ -54,9 +56,9 @@ async def test_a_claim_is_read_checked_recorded_then_answered(api, preparer, che
     assert [(d.pool, d.device, d.request_names, d.cdi_ids) for d in result.devices] == [
         (POOL, "fpga-0", ("accel",), (cdi(PCI[0]),)),
         (POOL, "fpga-1", ("accel",), (cdi(PCI[1]),))]
-    on_disk = json.loads(checkpoint_path.read_text())["claims"]["u1"]
-    assert (on_disk["namespace"], on_disk["name"]) == ("ns", "claim-u1")
-    assert [d["deviceID"] for d in on_disk["devices"]] == PCI[:2]
+    on_disk = ClaimCheckpoint(checkpoint_path).get("u1")
+    assert (on_disk.ref.namespace, on_disk.ref.name) == ("ns", "claim-u1")
+    assert [d.device_id for d in on_disk.devices] == PCI[:2]
 
 
 async def test_a_repeated_prepare_answers_the_same_without_the_api_server(
@@ -268,13 +270,62 @@ async def test_a_cancelled_prepare_records_nothing_and_leaves_no_spec(api, make,
     api.add(allocation("fast", "fpga-0"), allocation("slow", "fpga-1"))
     api.hang.add("claim-slow")
     call = asyncio.create_task(preparer.prepare([ref("fast"), ref("slow")]))
-    while "claim-slow" not in api.reads or not any((tmp_path / "cdi").glob("*.json")):
+    while {"claim-fast", "claim-slow"} - set(api.reads):
         await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)  # the fast claim is read and checked, the slow one hangs
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call
     assert api.cancelled == ["claim-slow"]
     assert len(preparer.checkpoint) == 0 and list((tmp_path / "cdi").glob("*.json")) == []
+
+
+async def test_a_call_cancelled_while_a_worker_writes_its_specs_leaves_none(
+        api, make, tmp_path, monkeypatch):
+    """Many claims' specs are written on a worker thread, which a cancellation cannot stop:
+    the call waits for it, then removes what it wrote."""
+    specs = env_specs(tmp_path)
+    preparer = make(claim_specs=specs)
+    count = prepare_module.INLINE_FILE_OPS + 4
+    for i in range(count):
+        api.add(allocation(f"u{i}", f"fpga-{i % 8}"))
+    started, real_write = threading.Event(), specs.write
+
+    def slow_write(uid, groups):
+        started.set()
+        time.sleep(0.01)
+        return real_write(uid, groups)
+
+    monkeypatch.setattr(specs, "write", slow_write)
+    call = asyncio.create_task(preparer.prepare([ref(f"u{i}") for i in range(count)]))
+    while not started.is_set():
+        await asyncio.sleep(0.005)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert len(preparer.checkpoint) == 0
+    assert list((tmp_path / "cdi").glob("*.json")) == [], "every spec written was removed"
+
+
+async def test_a_few_claims_are_written_without_a_worker_thread(api, make, tmp_path,
+                                                                 monkeypatch):
+    """What keeps a one-pod prepare close to a driver that writes nothing: its spec and its
+    checkpoint line are written on the event loop, without a hop to a worker thread."""
+    preparer = make(claim_specs=env_specs(tmp_path))
+    api.add(allocation("warm", "fpga-1"), allocation("u1", "fpga-0"))
+    hops = []
+    real = asyncio.to_thread
+
+    async def counted(func, *args, **kwargs):
+        hops.append(func)
+        return await real(func, *args, **kwargs)
+
+    await preparer.prepare([ref("warm")])  # the checkpoint file is created (a rewrite)
+    monkeypatch.setattr(asyncio, "to_thread", counted)
+    assert (await preparer.prepare([ref("u1")]))["u1"].ok
+    assert (await preparer.unprepare([ref("u1")])) == {"u1": ""}
+    assert hops == []
+    assert [p.name for p in tmp_path.glob("cdi/*.json")] == [f"{DRIVER}_claim_warm.json"]
 
 
 # -- the claim's environment --------------------------------------------------------------------
@@ -366,6 +417,7 @@ async def test_an_unprepare_that_cannot_be_recorded_fails_only_the_known_claims(
         raise OSError(30, "Read-only file system")
 
     monkeypatch.setattr(module, "_write_atomically", full)
+    monkeypatch.setattr(module, "_append_line", full)
     results = await preparer.unprepare([ref("u1"), ref("other")])
     assert results["other"] == ""
     assert results["u1"].startswith("claim ns/claim-u1 (u1) could not be unrecorded")

@@ -44,7 +44,7 @@ from plugin.serving.dra.service import DraNodeService
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_FILE = "claims.json"
+CHECKPOINT_FILE = "claims.jsonl"
 CONNECT_RETRY_INITIAL = 0.2
 CONNECT_RETRY_MAX = 30.0
 

@@ -18,9 +18,11 @@ what a node-local driver must add):
   is idempotent: an unknown UID was unprepared already.
 
 Claims of one call are handled concurrently, at most ``concurrency`` API reads at a time
-across all calls, and recorded in one checkpoint write per call, so a call of 1,000 claims
-costs one fsync, not 1,000. A call answers before its deadline (the kubelet's is 45 s): a
-claim still being read then gets a timeout error instead of the whole call failing.
+across all calls. Nothing is written until every claim of the call is read and checked;
+then their CDI specs, then one checkpoint change for all of them, so a call of 1,000 claims
+costs one journal line, not 1,000, and a call cancelled while reading leaves nothing behind.
+A call answers before its deadline (the kubelet's is 45 s): a claim still being read then
+gets a timeout error instead of the whole call failing.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ ReadClaim = Callable[[ClaimRef], Awaitable[ClaimAllocation]]
 DEFAULT_CONCURRENCY = 32
 DEFAULT_READ_TIMEOUT = 20.0
 """One claim read; a call's own deadline may cut it shorter."""
+INLINE_FILE_OPS = 8
+"""Claim specs a call writes or removes on the event loop; more go to a worker thread."""
 
 
 class ClaimNotFound(LookupError):
@@ -116,12 +120,7 @@ class ClaimPreparer:
         if not pending:
             return results
         prepared = await self._prepare_all(list(pending.values()), timeout, results)
-        try:
-            await self._record(prepared, results)
-        finally:
-            for claim in prepared:  # cancelled before recording: leave no spec behind
-                if claim.ref.uid not in results:
-                    await self._remove_spec(claim)
+        await self._record(prepared, results)
         return results
 
     async def _again(self, known: PreparedClaim) -> ClaimResult:
@@ -147,9 +146,6 @@ class ClaimPreparer:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            for task in tasks:  # specs of claims that got that far
-                if not task.cancelled() and task.exception() is None:
-                    await self._remove_spec(task.result())
             raise
         for task in late:
             task.cancel()
@@ -185,18 +181,14 @@ class ClaimPreparer:
         spec = None
         if self.claim_specs is not None and devices:
             devices = self._with_env(ref.uid, devices)
-            try:
-                spec = await asyncio.to_thread(self.claim_specs.write, ref.uid,
-                                               _groups(devices))
-            except OSError as exc:
-                raise Refused(f"cannot write the CDI spec of claim {describe(ref)} into "
-                              f"{self.claim_specs.directory}: {exc.strerror or exc}") from exc
+            spec = self.claim_specs.file_name(ref.uid)  # written by _record
         return PreparedClaim(ref, devices, spec)
 
     async def _read(self, ref: ClaimRef) -> ClaimAllocation:
         async with self._reads:
             try:
-                return await asyncio.wait_for(self._read_claim(ref), self.read_timeout)
+                async with asyncio.timeout(self.read_timeout):
+                    return await self._read_claim(ref)
             except TimeoutError as exc:
                 raise Refused(f"reading claim {describe(ref)} from the API server timed "
                               f"out after {self.read_timeout:g} s; the kubelet will call "
@@ -249,26 +241,66 @@ class ClaimPreparer:
 
     async def _record(self, prepared: list[PreparedClaim],
                       results: dict[str, ClaimResult]) -> None:
-        """Checkpoint first, answer after: a claim answered is a claim recorded."""
-        if not prepared:
+        """Specs written, then the checkpoint, and only then the answer: a claim answered is
+        a claim recorded, and a claim recorded has its spec."""
+        written = await self._write_specs(prepared, results)
+        if not written:
             return
         try:
-            await self.checkpoint.commit(put=prepared)
+            await self.checkpoint.commit(put=written)
         except CheckpointError as exc:
-            log.error("%s; %d claim(s) not prepared", exc, len(prepared))
-            for claim in prepared:
-                await self._remove_spec(claim)
+            log.error("%s; %d claim(s) not prepared", exc, len(written))
+            await self._remove_specs([(c.ref.uid, c.claim_spec) for c in written])
+            for claim in written:
                 results[claim.ref.uid] = ClaimResult(
                     error=f"claim {describe(claim.ref)} could not be recorded: {exc}")
             return
-        for claim in prepared:
+        for claim in written:
             results[claim.ref.uid] = ClaimResult(claim.devices)
         # Logged once the answer is on its way: the kubelet waits on the answer, not the log.
-        asyncio.get_running_loop().call_soon(_log_prepared, prepared)
+        asyncio.get_running_loop().call_soon(_log_prepared, written)
 
-    async def _remove_spec(self, claim: PreparedClaim) -> None:
-        if self.claim_specs is not None and claim.claim_spec is not None:
-            await asyncio.to_thread(self.claim_specs.remove, claim.ref.uid, claim.claim_spec)
+    async def _write_specs(self, prepared: list[PreparedClaim],
+                           results: dict[str, ClaimResult]) -> list[PreparedClaim]:
+        """The claims whose spec is written (or that need none); the others get an error.
+
+        A few specs are written right here: one is a few hundred bytes into a tmpfs, less
+        than the hop to a worker thread costs, and the kubelet waits on it. A call with
+        many claims writes them on one worker thread so the event loop keeps answering; if
+        the call is cancelled meanwhile, the specs written are removed again once the thread
+        is done."""
+        specs = self.claim_specs
+        jobs = [(c.ref.uid, _groups(c.devices)) for c in prepared if c.claim_spec is not None]
+        if specs is None or not jobs:
+            return prepared
+        if len(jobs) <= INLINE_FILE_OPS:
+            failures = _write_all(specs, jobs)
+        else:
+            writing = asyncio.ensure_future(asyncio.to_thread(_write_all, specs, jobs))
+            try:
+                failures = await asyncio.shield(writing)
+            except asyncio.CancelledError:
+                await asyncio.wait([writing])
+                await self._remove_specs([(uid, specs.file_name(uid)) for uid, _ in jobs])
+                raise
+        for uid, exc in failures.items():
+            claim = next(c for c in prepared if c.ref.uid == uid)
+            results[uid] = ClaimResult(error=f"cannot write the CDI spec of claim "
+                                             f"{describe(claim.ref)} into {specs.directory}: "
+                                             f"{exc.strerror or exc}")
+            log.warning("refused to prepare claim %s: %s", describe(claim.ref),
+                        results[uid].error)
+        return [c for c in prepared if c.ref.uid not in failures]
+
+    async def _remove_specs(self, claims: list[tuple[str, str | None]]) -> None:
+        """Remove claims' specs: a few right here, many on a worker thread."""
+        specs = self.claim_specs
+        if specs is None or not claims:
+            return
+        if len(claims) <= INLINE_FILE_OPS:
+            _remove_all(specs, claims)
+        else:
+            await asyncio.to_thread(_remove_all, specs, claims)
 
     # -- unprepare -------------------------------------------------------------------------
 
@@ -284,11 +316,10 @@ class ClaimPreparer:
             for uid, entry in known.items():
                 results[uid] = f"claim {describe(entry.ref)} could not be unrecorded: {exc}"
             return results
-        specs = self.claim_specs
-        if specs is not None:  # after the checkpoint: a recorded claim never lacks its spec
-            await asyncio.to_thread(_remove_specs, specs, [
-                (ref.uid, entry.claim_spec if (entry := known.get(ref.uid)) else None)
-                for ref in claims])
+        # After the checkpoint: a recorded claim never lacks its spec.
+        await self._remove_specs([
+            (ref.uid, entry.claim_spec if (entry := known.get(ref.uid)) else None)
+            for ref in claims])
         for ref in claims:
             entry = known.get(ref.uid)
             if entry is not None:
@@ -304,7 +335,19 @@ def _log_prepared(prepared: list[PreparedClaim]) -> None:
             f"{d.pool}/{d.device} ({d.device_id})" for d in claim.devices) or "no device")
 
 
-def _remove_specs(specs: ClaimSpecs, claims: list[tuple[str, str | None]]) -> None:
+def _write_all(specs: ClaimSpecs, jobs: list[tuple[str, dict[str, list[str]]]]
+               ) -> dict[str, OSError]:
+    """Write each claim's spec; the ones that could not be, by claim UID."""
+    failures = {}
+    for uid, groups in jobs:
+        try:
+            specs.write(uid, groups)
+        except OSError as exc:
+            failures[uid] = exc
+    return failures
+
+
+def _remove_all(specs: ClaimSpecs, claims: list[tuple[str, str | None]]) -> None:
     for uid, file_name in claims:
         specs.remove(uid, file_name)
 
