@@ -686,6 +686,37 @@ async def test_a_corrupt_checkpoint_is_set_aside_once_and_serving_goes_on(bench,
     assert len([m for m in messages(plugin, "error") if "checkpoint" in m]) == 1
 
 
+@pytest.mark.parametrize("tear", ["cut short", "zeros"])
+async def test_a_checkpoint_torn_by_a_power_cut_keeps_what_came_before(bench, tear):
+    """Without fsync a power cut can cut the journal's last line short or leave zeros in
+    its place. The claims recorded before it are still prepared (unprepare finds them and
+    removes their specs); the torn change is lost, said once as a warning, and the file is
+    whole again after the next change."""
+    plugin = await bench.up()
+    kept, lost = bench.claim("kept", bench.device_names()[:1]), bench.claim(
+        "lost", bench.device_names()[1:2])
+    assert (await bench.dra.prepare([kept])).ok
+    checkpoint = bench.state / CHECKPOINT_FILE
+    before = checkpoint.read_bytes()
+    assert (await bench.dra.prepare([lost])).ok
+    added = checkpoint.read_bytes()[len(before):]
+    assert await plugin.terminate() == 0  # the node lost power; this driver left first
+    checkpoint.write_bytes(before + (added[: len(added) // 2] if tear == "cut short"
+                                     else b"\0" * len(added)))
+
+    restarted = bench.serve(bench.kubeconfig(), name="restarted")
+    await bench.until_alive(restarted, lambda: bench.dra.endpoints(DRIVER), "registered again")
+    kept_spec = bench.cdi / recorded_claims(bench.state)[kept.uid].claim_spec
+    assert kept_spec.exists()
+    assert (await bench.dra.unprepare([kept, lost])).ok
+    assert not kept_spec.exists(), "a claim recorded before the tear is still unprepared"
+    assert not list(bench.cdi.glob(f"*{lost.uid}*")), "the lost claim's spec goes by its UID"
+    warned = [m for m in messages(restarted, "warning") if "damaged line" in m]
+    assert len(warned) == 1, messages(restarted, "warning", "error")
+    assert not [m for m in messages(restarted, "error") if "checkpoint" in m]
+    assert kept.uid not in recorded_claims(bench.state), "the file reads whole again"
+
+
 # -- 9. a second instance on the node (rolling update) --------------------------------------
 
 
