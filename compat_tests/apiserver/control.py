@@ -8,7 +8,8 @@ listens on 127.0.0.1 only. Every answer is JSON.
 - ``GET  /_emulator/requests`` (``DELETE`` clears): the request log
 - ``POST /_emulator/faults``: ``{"delay": s}``, ``{"fail_next": {"count", "status",
   "retry_after", "verb", "resource", "message"}}``, ``{"conflict_next": n}``,
-  ``{"deny": [[verb, resource]...]}``, ``{"allow": [...]}``, ``{"clear": true}``
+  ``{"deny": [[verb, resource]...]}``, ``{"allow": [...]}``, ``{"end_watches_at_once": bool}``,
+  ``{"clear": true}``
 - ``POST /_emulator/down``, ``POST /_emulator/up``, ``POST /_emulator/outage {"seconds": s}``
 - ``POST /_emulator/restart {"model", "runtime_config", "feature_gates", "down_for"}``
 - ``POST /_emulator/watches/end``, ``POST /_emulator/expire {"revision": optional}``
@@ -113,12 +114,15 @@ def _faults(api: ApiServerEmulator, body: dict[str, Any]) -> dict[str, Any]:
         api.faults.fail_next(int(spec.pop("count", 1)), int(spec.pop("status")), **spec)
     if "conflict_next" in body:
         api.conflict_next(int(body["conflict_next"]))
+    if "end_watches_at_once" in body:
+        api.faults.end_watches_at_once = bool(body["end_watches_at_once"])
     for verb, resource in body.get("deny", []):
         api.faults.deny(verb, resource)
     for verb, resource in body.get("allow", []):
         api.faults.allow(verb, resource)
     return {"delay": api.faults.delay, "pending_failures": len(api.faults.rules),
-            "denied": sorted(api.faults.denied), "conflicts": api.registry.conflicts_pending}
+            "denied": sorted(api.faults.denied), "conflicts": api.registry.conflicts_pending,
+            "end_watches_at_once": api.faults.end_watches_at_once}
 
 
 def control_app(api: ApiServerEmulator) -> web.Application:

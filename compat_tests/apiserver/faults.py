@@ -65,6 +65,9 @@ class Faults:
         self.delay = 0.0
         self.rules: list[FailRule] = []
         self.denied: set[tuple[str, str]] = set()
+        self.end_watches_at_once = False
+        """Every watch ends cleanly right after its backlog, as behind a proxy whose
+        timeout is shorter than any watch."""
 
     def fail_next(self, count: int, status: int, *, retry_after: int = 1,
                   verb: str | None = None, resource: str | None = None,
@@ -94,6 +97,7 @@ class Faults:
         self.delay = 0.0
         self.rules.clear()
         self.denied.clear()
+        self.end_watches_at_once = False
 
 
 def forbidden_message(user: str, verb: str, resource: str, subresource: str, group: str,

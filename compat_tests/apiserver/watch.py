@@ -7,7 +7,8 @@ what came after it, or (when the window no longer reaches back) answers 200 and 
 event whose object is a 410 ``Expired`` Status; ``sendInitialEvents=true`` ends the initial
 events with a BOOKMARK annotated ``k8s.io/initial-events-end``. ``allowWatchBookmarks=true`` adds a
 BOOKMARK every ``bookmark_interval`` seconds; ``timeoutSeconds`` ends the stream cleanly, as do the
-emulator's ``end_watches()`` and ``timeout``; an outage cuts it without an end.
+emulator's ``end_watches()`` and ``timeout``, and, with the fault ``end_watches_at_once``, the
+end of the backlog; an outage cuts it without an end.
 """
 
 from __future__ import annotations
@@ -101,6 +102,8 @@ async def serve_watch(backend: Backend, request: web.Request, target: Target,
             await _send(response, event_type, _read(backend, target, obj))
         if initial_end:
             await _send(response, "BOOKMARK", _bookmark(backend, target, revision_at_start, True))
+        if backend.faults.end_watches_at_once:
+            return response
         assert watcher is not None
         await _pump(backend, target, watcher, response, bookmarks, timeout)
     finally:
