@@ -415,6 +415,24 @@ async def test_a_watch_that_always_answers_410_is_not_a_hot_loop(bench):
     await bench.wipe_is_undone(plugin)
 
 
+async def test_watches_the_server_ends_at_once_are_backed_off_not_a_hot_loop(bench):
+    """A proxy whose timeout is shorter than any watch ends every watch cleanly right away.
+    Relisting and watching again at once would be a loop of lists; client-go counts a watch
+    that ends within a second without an event as a failure and backs off."""
+    plugin = await bench.up()
+    start = time.time()
+    bench.api.faults.end_watches_at_once = True
+    bench.api.end_watches()
+    await asyncio.sleep(3.0)
+    asked = bench.requests(start, "resourceslices")
+    assert len(asked) <= 20, f"{len(asked)} slice requests in 3 s"
+    said = [m for m in messages(plugin, "warning") if "ends watches at once" in m]
+    assert len(said) == 1, messages(plugin, "warning", "error")
+    bench.api.faults.end_watches_at_once = False
+    await asyncio.sleep(BACKOFF_SEEN)  # the watch's next try, after its back-off
+    await bench.wipe_is_undone(plugin)
+
+
 # -- 3. RBAC missing, then granted ----------------------------------------------------------
 
 

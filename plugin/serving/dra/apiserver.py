@@ -25,11 +25,13 @@ from typing import Any, TypeVar
 
 import httpx2
 from lightkube import ApiError, AsyncClient, KubeConfig
+from lightkube.config.client_adapter import verify_cluster
 from lightkube.core.exceptions import ConfigError
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 
 from api_versions.k8s_objects import api_version_of
 from api_versions.resource_versions import GROUP, KNOWN_VERSIONS, newest_first
+from plugin.serving.dra.watch_pacing import WatchPacing
 
 log = logging.getLogger(__name__)
 # The HTTP library says every request at info: one line per call and per retry.
@@ -107,7 +109,7 @@ class ApiServer:
 
     def __init__(self, config: KubeConfig, timeout: float = REQUEST_TIMEOUT) -> None:
         self._client = AsyncClient(config, timeout=httpx2.Timeout(timeout),
-                                   field_manager=FIELD_MANAGER)
+                                   field_manager=FIELD_MANAGER, transport=_transport(config))
         self._version: str | None = None
         self._resources: dict[tuple[str, str], Any] = {}
 
@@ -158,8 +160,10 @@ class ApiServer:
     async def watch_slices(
         self, selector: dict[str, str], resource_version: str,
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-        """Changes to the selected slices after ``resource_version``; ends when the server
-        ends the stream; raises :class:`Gone` when the version is too old."""
+        """Changes to the selected slices after ``resource_version``; raises :class:`Gone`
+        when the version is too old. A stream the server ends cleanly is made anew by the
+        library from the last version seen (paced by :mod:`.watch_pacing`), so this ends
+        only by failing or by its reader giving it up."""
         version = await self.resource_version()
         events = self._client.watch(self._slices(version), fields=selector,
                                     resource_version=resource_version)
@@ -245,6 +249,14 @@ class ApiServer:
 
 
 _NODE = create_global_resource("", "v1", "Node", "nodes")
+
+
+def _transport(config: KubeConfig) -> WatchPacing:
+    """The transport httpx would make (the cluster's CA, the user's client certificate),
+    under :class:`WatchPacing`: the library makes a watch the server ended anew at once."""
+    single = config.get()
+    verify = verify_cluster(single.cluster, single.user, single.abs_file)
+    return WatchPacing(httpx2.AsyncHTTPTransport(verify=verify))
 
 
 async def _guard(stream: Any, on_unserved: Any) -> AsyncIterator[Any]:
