@@ -201,16 +201,17 @@ def run() -> list[Row]:
             "interleaved with the row below; bench/reference_dra_driver.py: same grpc.aio "
             "and lightkube, one claim GET, canned CDI ID, no checkpoint"),
         Row("DRA prepare, serve --api dra, p50 / p99", pair("ours"), "",
-            "claim GET from the emulated 1.36 API server, checks, claim CDI spec written (tmpfs, "
-            "as /var/run/cdi), checkpoint rewritten (disk, no fsync); default log level; "
-            "1.36 kubelet, v1.DRAPlugin"),
+            "claim GET from the emulated 1.36 API server (HTTPS, its own CA, as in a pod), "
+            "checks, claim CDI spec written (tmpfs, as /var/run/cdi), one checkpoint journal "
+            "line (disk, no fsync); default log level; 1.36 kubelet, v1.DRAPlugin"),
         Row("DRA prepare, ours / reference (p50)", f"{ratio:.2f}x", "<= 1.2x",
             f"{'met' if ratio <= 1.2 else 'NOT met'}; what the driver adds over the floor"),
         Row("DRA unprepare p50, ours / reference",
             f"{ms(median(claims['ours']['unprepare']))} / "
             f"{ms(median(claims['reference']['unprepare']))}", "",
             f"{CLAIMS} calls each; a port's claim is unprepared before the next claim takes it "
-            "(at most one claim per port prepared): checkpoint rewritten, claim spec removed"),
+            "(at most one claim per port prepared): one checkpoint journal line, claim spec "
+            "removed"),
         Row("DRA slices: port hot-plugged -> in the API server", ms(median(hotplug)), "< 1 s",
             f"median of {HOTPLUG_ROUNDS}, max {ms(max(hotplug))}; sysfs change to the store "
             "committing the slice with the device untainted"),

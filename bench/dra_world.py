@@ -8,9 +8,12 @@ reference driver (:mod:`bench.reference_dra_driver`) as processes of their own, 
 registered through the same plugins registry with the same kubelet and reading claims from the
 same API server. As on a node, the claim checkpoint (``--dra-state-dir``, under
 /var/lib/kubelet) is on disk and the CDI specs (``--cdi-spec-dir``, /var/run/cdi) on a tmpfs
-(/dev/shm here), where an fsync costs nothing. Slices are followed through the emulator's
-store: a watcher of its own on the node's ResourceSlices stamps each change at the instant
-the store commits it.
+(/dev/shm here), where an fsync costs nothing. The API server speaks HTTPS with a CA of its
+own and a bearer token, both in the kubeconfig the drivers read, as a pod's service account
+gives them (``ca.crt``, ``token``): so each driver's client trusts that one CA, not the
+system's store, and pays for TLS on every request, as in a pod. Slices are followed through
+the emulator's store: a watcher of its own on the node's ResourceSlices stamps each change
+at the instant the store commits it.
 """
 
 from __future__ import annotations
@@ -170,7 +173,7 @@ async def dra_world(root: Path, node: FakeNode, devices: int, stderr: Path,
     async with contextlib.AsyncExitStack() as stack:
         cdi = cdi_directory(root)
         stack.callback(shutil.rmtree, cdi, True)
-        api = await stack.enter_async_context(ApiServerEmulator(MODEL))
+        api = await stack.enter_async_context(ApiServerEmulator(MODEL, tls=True))
         api.create_node(NODE)
         api.create_namespace(NAMESPACE)
         api.write_kubeconfig(root / "kubeconfig")
