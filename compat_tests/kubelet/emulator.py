@@ -122,6 +122,7 @@ class KubeletEmulator:
         )
         self._endpoints: dict[str, PluginEndpoint] = {}
         self._devices: dict[str, dict[str, EmulatedDevice]] = {}
+        self._lists: dict[str, list[list[str]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._changed = asyncio.Event()
         self._server: grpc.aio.Server | None = None
@@ -344,6 +345,7 @@ class KubeletEmulator:
         if self._endpoints.get(endpoint.resource_name) is not endpoint:
             return
         self._devices[endpoint.resource_name] = devices
+        self._lists.setdefault(endpoint.resource_name, []).append(sorted(devices))
         log.info(
             "kubelet %s: %s devices: %s", self.model.name, endpoint.resource_name,
             " ".join(f"{d.id}={d.health}" + (f"@numa{list(d.numa_nodes)}" if d.numa_nodes else "")
@@ -380,6 +382,15 @@ class KubeletEmulator:
     def devices(self, resource_name: str) -> dict[str, EmulatedDevice]:
         """The latest device list the kubelet holds for ``resource_name`` (a copy)."""
         return dict(self._devices.get(resource_name, {}))
+
+    def lists_received(self, resource_name: str) -> list[list[str]]:
+        """The device IDs of every ListAndWatch list taken for ``resource_name``, in order.
+
+        :meth:`devices` only holds the latest list; a test that must show a device was never
+        dropped, not even for one update (a remove and add the kubelet would act on), reads
+        them all here.
+        """
+        return [list(ids) for ids in self._lists.get(resource_name, [])]
 
     def is_connected(self, resource_name: str) -> bool:
         """Whether a plugin is registered and streaming for ``resource_name``."""

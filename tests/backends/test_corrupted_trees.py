@@ -1,5 +1,6 @@
-"""Discovery on trees damaged at random: it never raises, never invents a device, and a
-device whose files were left alone is reported exactly as on the intact tree."""
+"""Discovery on trees damaged at random: it never raises, never invents a device, never
+gives an ID to another port than the intact tree did, and a device whose files were left
+alone is reported exactly as on the intact tree."""
 
 from __future__ import annotations
 
@@ -51,6 +52,11 @@ def scan_all(node: FakeNode) -> list[Device]:
     return IntelBackend(config).scan() + AwsF1Backend(config).scan()
 
 
+def place(device: Device) -> tuple[str, str, str]:
+    """Which hardware a device is: its backend, PCI function and (Intel) port."""
+    return device.backend, device.attribute("pci_address"), device.attribute("port")
+
+
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(damage_lists(build))
 def test_discovery_survives_any_damage(damages: list[tuple[int, str, bytes]]) -> None:
@@ -69,7 +75,13 @@ def test_discovery_survives_any_damage(damages: list[tuple[int, str, bytes]]) ->
         assert not [r for r in log.records if r.levelno >= logging.ERROR], "discovery raised"
         ids = [d.id for d in devices]
         assert len(ids) == len(set(ids))
-        assert set(ids) <= set(intact), "damage invented a device"
+        places = {i: place(d) for i, d in intact.items()}
+        for device in devices:
+            assert place(device) in places.values(), "damage invented a device"
+            # The DRA-critical guarantee: an ID never names another port than it did. A
+            # damaged port may lose its ID (a VF whose physfn link and device ID are both
+            # broken looks like a physical function's port 1), never take a sibling's.
+            assert places.get(device.id, place(device)) == place(device), "an ID moved"
         for device in devices:
             assert ID.match(device.id) and len(device.id) <= 63
             assert device.healthy or device.health_reason

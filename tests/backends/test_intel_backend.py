@@ -140,14 +140,96 @@ def test_ids_do_not_depend_on_listing_order(tmp_path: Path) -> None:
 
 def test_two_ports_claiming_one_number_keep_ids_unique(tmp_path: Path,
                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """None of them is port 0, so none may take the bare address; the lowest instance keeps
+    the ID of port 1 and the others are skipped, each with a warning."""
+    node = FakeNode(tmp_path)
+    node.add_dfl_card("0000:3b:00.0", ports=0)
+    first = node.add_port("0000:3b:00.0", port_id=1)
+    second = node.add_port("0000:3b:00.0", port_id=1)
+    dup = node.add_port("0000:3b:00.0", port_id=1)
+    devices = IntelBackend(node.config()).scan()
+    assert [(d.id, d.attribute("port")) for d in devices] == [("0000:3b:00.0-port1", first)]
+    assert str(node.port_class_path(second)) in caplog.text
+    assert str(node.port_class_path(dup)) in caplog.text
+
+
+def test_a_port_keeps_its_id_when_port_zero_of_its_function_is_removed(
+    tmp_path: Path,
+) -> None:
+    """An ID is only the port's own: losing a sibling must not rename it, or the kubelet sees
+    a remove and an add and a DRA claim on the old name lands on another port."""
+    node = FakeNode(tmp_path)
+    [zero, one] = node.add_dfl_card("0000:3b:00.0", ports=2)
+    backend = IntelBackend(node.config())
+    assert [d.id for d in backend.scan()] == ["0000:3b:00.0", "0000:3b:00.0-port1"]
+    node.remove_port(zero)
+    [device] = backend.scan()
+    assert device.id == "0000:3b:00.0-port1"
+    assert device.attribute("port") == one
+    assert device.nodes[0].host_path == f"/dev/{one}"
+
+
+def test_a_port_keeps_its_id_when_port_zero_is_released_to_a_virtual_function(
+    tmp_path: Path,
+) -> None:
+    node = FakeNode(tmp_path)
+    [zero, one] = node.add_opae_card("0000:5e:00.0", ports=2)
+    vf, moved = node.release_port_to_vf(zero)
+    devices = scan(node)
+    assert sorted(devices) == ["0000:5e:00.0-port1", vf]
+    assert devices["0000:5e:00.0-port1"].attribute("port") == one
+    assert devices[vf].attribute("port") == moved
+
+
+def test_a_function_whose_only_port_is_number_one_names_it_so(tmp_path: Path) -> None:
     node = FakeNode(tmp_path)
     node.add_dfl_card("0000:3b:00.0", ports=0)
     node.add_port("0000:3b:00.0", port_id=1)
-    node.add_port("0000:3b:00.0", port_id=1)
-    dup = node.add_port("0000:3b:00.0", port_id=1)
-    devices = IntelBackend(node.config()).scan()
-    assert [d.id for d in devices] == ["0000:3b:00.0", "0000:3b:00.0-port1"]
-    assert str(node.port_class_path(dup)) in caplog.text
+    assert [d.id for d in IntelBackend(node.config()).scan()] == ["0000:3b:00.0-port1"]
+
+
+def test_a_virtual_function_port_is_its_function_address_whatever_its_number(
+    tmp_path: Path,
+) -> None:
+    """A VF carries exactly one port (dfl.c: one port per VF), which keeps the hardware
+    number it had on the physical function; the VF's own address names it alone."""
+    node = FakeNode(tmp_path)
+    [_, one] = node.add_dfl_card("0000:3b:00.0", ports=2)
+    vf, moved = node.release_port_to_vf(one)
+    assert (node.port_path(moved) / "id").read_text().strip() == "1"
+    devices = scan(node)
+    assert sorted(devices) == ["0000:3b:00.0", vf]
+    assert devices[vf].attribute("port") == moved
+
+
+def test_a_virtual_function_seen_from_a_virtual_machine_is_known_by_its_device_id(
+    tmp_path: Path,
+) -> None:
+    """Passed through to a guest, a VF has no ``physfn`` link (the host keeps the physical
+    function) but still has the VF device ID the DFL driver binds."""
+    node = FakeNode(tmp_path)
+    node.add_dfl_card("0000:00:05.0", ports=0, device="0x0b2c", interface_id=None)
+    node.add_port("0000:00:05.0", port_id=1)
+    assert [d.id for d in IntelBackend(node.config()).scan()] == ["0000:00:05.0"]
+
+
+def test_a_port_whose_number_cannot_be_read_is_not_served_under_a_guessed_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The kernel instance number is no port number: here it would give hardware port 2
+    the ID of port 1, and push port 1 itself out."""
+    node = FakeNode(tmp_path)
+    node.add_dfl_card("0000:3b:00.0", ports=0)
+    node.add_port("0000:3b:00.0", port_id=0)  # dfl-port.0
+    unreadable = node.add_port("0000:3b:00.0", port_id=2)  # dfl-port.1
+    one = node.add_port("0000:3b:00.0", port_id=1)  # dfl-port.2
+    (node.port_path(unreadable) / "id").write_text("garbage\n")
+    devices = scan(node)
+    assert sorted(devices) == ["0000:3b:00.0", "0000:3b:00.0-port1"]
+    assert devices["0000:3b:00.0-port1"].attribute("port") == one
+    assert str(node.port_class_path(unreadable) / "id") in caplog.text
+    (node.port_path(unreadable) / "id").unlink()
+    assert sorted(scan(node)) == ["0000:3b:00.0", "0000:3b:00.0-port1"]
 
 
 @pytest.mark.parametrize("crashed", [CRASHED_AFU_ID, CRASHED_AFU_ID.upper(), "0x" + "f" * 32])

@@ -113,7 +113,7 @@ class FakeNode:
     def add_opae_card(self, bdf: str, *, ports: int = 1, vfs: int = 0, numa_node: int = 0,
                       device: str = "0x09c4", vf_device: str = "0x09c5",
                       afu_id: str = DEFAULT_AFU_ID,
-                      interface_id: str = DEFAULT_INTERFACE_ID) -> list[str]:
+                      interface_id: str | None = DEFAULT_INTERFACE_ID) -> list[str]:
         """An OPAE card; with ``vfs`` its ports move to that many virtual functions."""
         return self._add_card("intel-fpga", bdf, ports, vfs, numa_node, device, vf_device,
                               afu_id, interface_id)
@@ -121,15 +121,17 @@ class FakeNode:
     def add_dfl_card(self, bdf: str, *, ports: int = 1, vfs: int = 0, numa_node: int = 0,
                      device: str = "0x0b2b", vf_device: str = "0x0b2c",
                      subsystem_device: str | None = None, afu_id: str = DEFAULT_AFU_ID,
-                     interface_id: str = DEFAULT_INTERFACE_ID) -> list[str]:
+                     interface_id: str | None = DEFAULT_INTERFACE_ID) -> list[str]:
         """A card driven by upstream DFL (a PAC D5005 unless IDs say otherwise: an Agilex
         N6001 is ``device="0xbcce", vf_device="0xbccf", subsystem_device="0x1771"``);
-        ``vfs`` works as for :meth:`add_opae_card`."""
+        ``vfs`` works as for :meth:`add_opae_card`. With ``interface_id=None`` the card has
+        no FME, as a virtual function passed through to a virtual machine looks from inside
+        it (a VF ``device`` and no ``physfn`` link: the host keeps the physical function)."""
         return self._add_card("dfl", bdf, ports, vfs, numa_node, device, vf_device,
                               afu_id, interface_id, subsystem_device)
 
     def _add_card(self, driver: str, bdf: str, ports: int, vfs: int, numa_node: int,
-                  device: str, vf_device: str, afu_id: str, interface_id: str,
+                  device: str, vf_device: str, afu_id: str, interface_id: str | None,
                   subsystem_device: str | None = None) -> list[str]:
         canonical = str(_address(bdf))
         self.add_function(canonical, INTEL_VENDOR, device, numa_node,
@@ -204,6 +206,31 @@ class FakeNode:
         self.cards[port.bdf].ports.remove(name)
         self.delete_device_node(name)
         shutil.rmtree(port.path)
+
+    def release_port_to_vf(self, name: str, vf_device: str | None = None) -> tuple[str, str]:
+        """Port ``name`` moves from its physical function to a new virtual function of it.
+
+        As SR-IOV does it on a multi-port card: the port leaves the physical function
+        (``dfl_fpga_cdev_release_port()`` in drivers/fpga/dfl.c deletes its platform
+        device, node included) and comes back as the one port of a new VF, under a new
+        kernel instance number but with the same hardware port number (``id``), which the
+        port reads from its own header. Returns the VF's address and the new port's name.
+        """
+        port = self.ports[name]
+        card = self.cards[port.bdf]
+        number = int((port.path / "id").read_text())
+        afu_id = (port.path / "afu_id").read_text().strip()
+        pf = _address(port.bdf)
+        parent = self.function_path(port.bdf)
+        numa = int((parent / "numa_node").read_text())
+        index = len([p for p in parent.iterdir() if p.name.startswith("virtfn")])
+        vf = str(PciAddress(pf.domain, pf.bus, pf.device, index + 1))
+        if vf_device is None:
+            vf_device = "0x09c5" if card.driver == "intel-fpga" else "0x0b2c"
+        self.remove_port(name)
+        self.add_function(vf, INTEL_VENDOR, vf_device, numa, physfn=port.bdf)
+        self._card(card.driver, vf, None)
+        return vf, self.add_port(vf, afu_id=afu_id, port_id=number)
 
     def port_path(self, name: str) -> Path:
         return self.ports[name].path

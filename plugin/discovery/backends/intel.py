@@ -8,12 +8,30 @@ DFL:   ``class/fpga_region/regionN/{dfl-fme.K,dfl-port.M}``, node ``dfl-port.M``
 Both hang off a PCI function; an SR-IOV virtual function is a function of its own with its
 own card directory and port, and takes the interface ID of its physical function.
 
-Device IDs: a port's ID is the canonical address of its PCI function (``0000:5e:00.0``).
-If one function holds several ports they are ordered by port number (the port's ``id``
-attribute, or the kernel instance number in its name when ``id`` is unreadable): the first
-keeps the bare address, every other one is ``<address>-port<number>``. So the common one
-port per function gets exactly its address, and IDs only depend on what the hardware
-reports, never on the order directories are listed in. IDs stay under 30 characters.
+Device IDs come from the port's own facts only, never from which other ports exist, so a
+port keeps its ID when a sibling goes (hot-unplug, or released to a VF: ``dfl.c`` deletes
+the released port's device from the physical function) and a DRA claim or checkpoint that
+names an ID always means the same physical port:
+
+* port number 0 is the canonical address of its PCI function (``0000:5e:00.0``);
+* the port of an SR-IOV virtual function is the VF's address whatever its number: a VF
+  carries exactly one port (``dfl.c``: one port per VF; ``dfl-pci.c`` enumerates a function
+  whose BAR 0 starts with a port header as that one port), and that port, the same hardware,
+  reads the number it had on the physical function from its own header: port 1 moved to a VF
+  is still number 1. A function is a VF if it has a ``physfn`` link (made by
+  ``drivers/pci/iov.c``) or a VF device ID of the DFL driver's table (inside a virtual
+  machine a passed-through VF has no ``physfn``);
+* any other port is ``<address>-port<number>`` (``0000:3b:00.0-port1``).
+
+The number is the port's ``id`` attribute, which both drivers read from the port's own
+capability register (``dfl-afu-main.c``; OPAE ``afu.c`` and ``feature-dev.c``). A physical
+function's port whose ``id`` cannot be read is not served: the kernel instance number in its
+name is no substitute, as it is handed out kernel-wide in enumeration order (``dfl.c``,
+lowest free number), changes when the card is enumerated again and may equal another port's
+number, which would give that port's ID to this one. Two ports claiming one ID (broken
+hardware or tree): the one with the lowest instance number keeps it, the other is skipped
+with a warning. The common one port per function gets exactly its address. IDs stay under
+30 characters.
 
 Health is recomputed from scratch on every scan, so a port recovers as soon as its cause
 clears: an all-``f`` AFU ID, a non-zero ``errors/errors`` or a missing device node each make
@@ -93,9 +111,12 @@ class Card:
 
 
 @dataclass(frozen=True, slots=True)
-class NumberedPort:
+class NamedPort:
+    """A port with the ID its own facts give it; ``number`` orders a function's ports."""
+
     card: Card
     port: Port
+    device_id: str
     number: int
 
 
@@ -147,30 +168,28 @@ class IntelBackend:
     def _scan(self, warnings: list[str]) -> list[Device]:
         cards = [card for layout in LAYOUTS for card in self._cards(layout, warnings)]
         interfaces = {c.function.bdf: c.interface_id for c in cards if c.interface_id}
-        by_function: dict[str, list[NumberedPort]] = {}
-        for card in cards:
-            for port in card.ports:
-                numbered = NumberedPort(card, port, port_number(port, warnings))
-                by_function.setdefault(card.function.bdf, []).append(numbered)
+        named = [entry for card in cards for port in card.ports
+                 if (entry := name_port(card, port, warnings)) is not None]
+        # Lowest instance first among ports claiming one ID, so which keeps it is decided
+        # by the kernel's names, not by the order directories are listed in.
+        named.sort(key=lambda e: (e.card.function.bdf, e.number, e.port.instance))
         devices: list[Device] = []
         nodes = NodeResolver(self.dev_root)
-        for bdf in sorted(by_function):
-            entries = sorted(by_function[bdf], key=lambda e: (e.number, e.port.instance))
-            taken: set[str] = set()
-            for index, entry in enumerate(entries):
-                device_id = bdf if index == 0 else f"{bdf}-port{entry.number}"
-                if device_id in taken:
-                    warnings.append(
-                        f"{entry.port.path}: port number {entry.number} is already used by "
-                        f"another port of {bdf}; skipping {entry.port.name}"
-                    )
-                    continue
-                taken.add(device_id)
-                interface = entry.card.interface_id or _parent_interface(entry.card, interfaces)
-                try:
-                    devices.append(self._device(device_id, entry, interface, nodes, warnings))
-                except ValueError as exc:  # the model refused a value: lose this port only
-                    warnings.append(f"{entry.port.path}: {exc}; skipping {entry.port.name}")
+        taken: dict[str, NamedPort] = {}
+        for entry in named:
+            holder = taken.get(entry.device_id)
+            if holder is not None:
+                warnings.append(
+                    f"{entry.port.path}: {entry.device_id} already names {holder.port.name} "
+                    f"(two ports of one function with one number); skipping {entry.port.name}"
+                )
+                continue
+            taken[entry.device_id] = entry
+            interface = entry.card.interface_id or _parent_interface(entry.card, interfaces)
+            try:
+                devices.append(self._device(entry, interface, nodes, warnings))
+            except ValueError as exc:  # the model refused a value: lose this port only
+                warnings.append(f"{entry.port.path}: {exc}; skipping {entry.port.name}")
         return devices
 
     def _cards(self, layout: Layout, warnings: list[str]) -> Iterator[Card]:
@@ -219,9 +238,10 @@ class IntelBackend:
         return Card(layout, entry, function, _interface_id(layout, entry, fmes, warnings),
                     tuple(ports), card_model(function.vendor, function.device, subsystem))
 
-    def _device(self, device_id: str, entry: NumberedPort, interface_id: str | None,
-                nodes: NodeResolver, warnings: list[str]) -> Device:
+    def _device(self, entry: NamedPort, interface_id: str | None, nodes: NodeResolver,
+                warnings: list[str]) -> Device:
         card, port, function = entry.card, entry.port, entry.card.function
+        device_id = entry.device_id
         reasons: list[str] = []
         attributes = {
             "driver": card.layout.driver,
@@ -257,15 +277,45 @@ class IntelBackend:
         )
 
 
-def port_number(port: Port, warnings: list[str]) -> int:
-    """The hardware port number (``id``), or the kernel instance number if it is unreadable."""
+def name_port(card: Card, port: Port, warnings: list[str]) -> NamedPort | None:
+    """The port's ID from its function and its own number (see the module docstring);
+    None, with a warning, for a physical function's port whose number cannot be read."""
+    bdf = card.function.bdf
+    if is_virtual_function(card):
+        return NamedPort(card, port, bdf, 0)
+    number = port_number(port, warnings)
+    if number is None:
+        return None
+    return NamedPort(card, port, bdf if number == 0 else f"{bdf}-port{number}", number)
+
+
+def is_virtual_function(card: Card) -> bool:
+    """Whether the card's function is an SR-IOV VF, and so holds exactly one port.
+
+    Either fact is the kernel's: the ``physfn`` link exists only on a VF, and the VF device
+    IDs of ``dfl-pci.c`` are never a physical function's. Neither can make a physical
+    function look like a VF, which would let its port N take port 0's ID.
+    """
+    model = card.model
+    return card.function.physfn is not None or (model is not None and model.virtual_function)
+
+
+def port_number(port: Port, warnings: list[str]) -> int | None:
+    """The hardware port number (``id``); None, with a warning, if it cannot be read.
+
+    Both drivers create ``id`` when their port driver binds, together with the device node,
+    so a port without one is not usable yet (or is going: then it is left out quietly).
+    """
     attr = read_attr(port.path / "id")
     if attr.text is not None and attr.text.isdigit() and len(attr.text) <= 6:
         return int(attr.text)
-    if not attr.missing:
-        shown = attr.describe() if attr.text is None else f"{attr.path}: {attr.text[:40]!r}"
-        warnings.append(f"{shown} is not a port number; using {port.instance} from the name")
-    return port.instance
+    if attr.missing and not is_dir(port.path):
+        log.debug("%s: gone while scanning", port.path)
+        return None
+    shown = attr.describe() if attr.text is None else f"{attr.path}: {attr.text[:40]!r}"
+    warnings.append(f"{shown} is not a port number; {port.name} is not served until it has "
+                    f"one (its instance number could name another port)")
+    return None
 
 
 def _afu_id(device_id: str, port: Port, reasons: list[str], warnings: list[str]) -> str | None:

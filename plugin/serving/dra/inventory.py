@@ -11,7 +11,7 @@ Device names
     it must be the same for the same device on every scan and after every restart. It is
     therefore a function of the device ID alone, never of the other devices present:
 
-    * a canonical PCI function address, optionally with a further port, spelt as discovery
+    * a canonical PCI function address, optionally with a port number, spelt as discovery
       spells it (``0000:5e:00.0``, ``0000:3b:00.0-port1``): ``pci-`` and the ID with ``:``
       and ``.`` as ``-`` (``pci-0000-5e-00-0``, ``pci-0000-3b-00-0-port1``);
     * a unit number (``3``): ``unit-3``;
