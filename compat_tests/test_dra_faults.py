@@ -41,6 +41,8 @@ SETTLE = 15.0
 V1BETA1_ONLY = "resource.k8s.io/v1beta1=true"
 BACKOFF_SEEN = 3.5
 """Longest pause a retry loop can be in after ~3 s of failures (0.2 s doubling)."""
+WIPE_UNDONE = 1.0
+"""How soon the slice watch puts back what a kubelet's start wiped."""
 WRITES = ("create", "update", "patch", "delete", "deletecollection")
 
 
@@ -155,12 +157,21 @@ class Bench:
         except AssertionError as exc:
             raise AssertionError(f"{exc}\nplugin log:\n{plugin.text()[-6000:]}") from None
 
-    async def wipe_is_undone(self, plugin: PluginProcess, within: float = 1.0) -> None:
+    async def wipe_is_undone(self, plugin: PluginProcess, within: float = WIPE_UNDONE) -> None:
         """What a kubelet start does to the slices, undone by the driver's slice watch."""
         await self._wiper()(NODE)
         back = await self.until_alive(plugin, lambda: len(self.device_names()) == 8,
                                       "slices back after a wipe")
         assert back < within, f"slices back after {back:.2f} s, not within {within} s"
+
+    async def watch_is_back(self, plugin: PluginProcess) -> None:
+        """After a fault, the driver's slice watch is open on the server again: at once if
+        the fault left it alone, after its back-off if it broke the watch. The watch has
+        BACKOFF_SEEN and the one second a wipe may take to be undone, as long as when the
+        test slept BACKOFF_SEEN before wiping."""
+        await self.until_alive(
+            plugin, lambda: any(w.resource == "resourceslices" for w in self.api.store.watchers),
+            "the slice watch open again", timeout=BACKOFF_SEEN + WIPE_UNDONE)
 
     async def close(self) -> None:
         for plugin in self.plugins:
@@ -411,7 +422,7 @@ async def test_a_watch_that_always_answers_410_is_not_a_hot_loop(bench):
     bench.fake.set_afu_id(port_device(bench, "af")[0], CRASHED_AFU_ID)
     await bench.until_alive(plugin, lambda: bench.tainted(port_device(bench, "af")[1]),
                             "crash published after")
-    await asyncio.sleep(BACKOFF_SEEN)  # the watch's next try, after its back-off
+    await bench.watch_is_back(plugin)  # the watch's next try, after its back-off
     await bench.wipe_is_undone(plugin)
 
 
@@ -473,7 +484,7 @@ async def test_a_burst_of_server_errors_is_backed_off_and_recovered(bench, statu
     assert len(said) == 1, said
     bench.api.faults.clear()
     await bench.until_alive(plugin, lambda: bench.tainted(name), "crash published after")
-    await asyncio.sleep(BACKOFF_SEEN)
+    await bench.watch_is_back(plugin)
     await bench.wipe_is_undone(plugin)
 
 
