@@ -8,6 +8,7 @@ inspects the package, so a fresh clone never depends on generated files being co
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from setuptools import build_meta as _setuptools
@@ -29,22 +30,50 @@ def generate_descriptors() -> list[Path]:
     from grpc_tools import protoc  # build-time dependency only
 
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "__init__.py").write_text('"""Generated at build time from protos/; never edit."""\n')
+    init = _scratch(OUT / "__init__.py")
+    init.write_text('"""Generated at build time from protos/; never edit."""\n')
+    _settle(init, OUT / "__init__.py")
     written = []
     for proto in sorted(PROTOS.glob("*/api.proto")):
         target = OUT / f"{proto.parent.name}.binpb"
+        scratch = _scratch(target)
         args = [
             "protoc",
             f"--proto_path={PROTOS}",
-            f"--descriptor_set_out={target}",
+            f"--descriptor_set_out={scratch}",
             str(proto.relative_to(PROTOS)),
         ]
         if protoc.main(args) != 0:
+            scratch.unlink(missing_ok=True)
             raise RuntimeError(f"protoc failed on {proto}")
+        _settle(scratch, target)
         written.append(target)
     if not written:
         raise RuntimeError(f"no protos found under {PROTOS}")
     return written
+
+
+def _scratch(target: Path) -> Path:
+    """A file of this process beside ``target``, to be renamed over it when complete."""
+    return target.with_name(f".{target.name}.{os.getpid()}.tmp")
+
+
+def _settle(scratch: Path, target: Path) -> None:
+    """Put ``scratch`` in place of ``target`` in one rename, or drop it if nothing changed.
+
+    Builds run in the source tree (``pip wheel .``, ``pip install -e .``) while the package
+    may be in use from that same tree, by a running ``serve`` or a test run: a reader must
+    see the old file or the new one, never one that protoc has truncated and not yet
+    written, and an unchanged file is not touched at all.
+    """
+    try:
+        unchanged = target.read_bytes() == scratch.read_bytes()
+    except FileNotFoundError:
+        unchanged = False
+    if unchanged:
+        scratch.unlink()
+    else:
+        os.replace(scratch, target)
 
 
 def get_requires_for_build_wheel(config_settings: ConfigSettings = None) -> list[str]:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from plugin.cli.config import DEFAULT_GENERATIONS, parse
+from plugin.serving.dra.apiserver import REQUEST_TIMEOUT
 
 
 def test_defaults_match_the_bcom_plugin() -> None:
@@ -55,6 +56,7 @@ def test_environment_sets_defaults_and_flags_win(monkeypatch: pytest.MonkeyPatch
         (["serve"], {"ACCELERATOR_DP_KUBELET_CHECK_INTERVAL": "-inf"}, "not a finite number"),
         (["serve", "--health-interval", "1e-9"], {}, "between 0.05 and 60 seconds"),
         (["serve", "--retry-max-backoff", "0"], {}, "between 0.01 and 300 seconds"),
+        (["serve", "--api-request-timeout", "0"], {}, "between 0.1 and 300 seconds"),
         (["serve", "--heartbeat-interval", "1e12"], {}, "between 0.1 and 3600 seconds"),
         (["healthcheck", "--heartbeat-file", "/x", "--heartbeat-max-age", "nan"], {},
          "not a finite number"),
@@ -138,5 +140,9 @@ def test_dra_settings_default_to_the_downward_api(monkeypatch: pytest.MonkeyPatc
     assert settings.node_name == "node-7.example"
     assert settings.dra_driver_name == "accelerator.b-com.com"
     assert settings.kubeconfig is None and settings.dra_state_dir is None
+    assert settings.api_request_timeout == REQUEST_TIMEOUT == 10.0
     monkeypatch.setenv("ACCELERATOR_DP_NODE_NAME", "node-8")
     assert parse(["serve", "--kubeconfig", "/k"]).node_name == "node-8"
+    monkeypatch.setenv("ACCELERATOR_DP_API_REQUEST_TIMEOUT", "30")
+    assert parse(["serve"]).api_request_timeout == 30.0
+    assert parse(["serve", "--api-request-timeout", "2.5"]).api_request_timeout == 2.5

@@ -75,6 +75,7 @@ class Settings:
     dra_state_dir: Path | None = None
     """None: ``/var/lib/kubelet/plugins/<driver name>``."""
     kubeconfig: Path | None = None
+    api_request_timeout: float = 10.0
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 
 
@@ -306,6 +307,10 @@ def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
                  f"{KUBELET_PLUGINS_DIR}/<driver name>)")
     env.add("--kubeconfig", default=None, convert=Path,
             help="kubeconfig for the API server (DRA); in a pod, its service account is used")
+    env.add("--api-request-timeout", default=10.0, convert=TIMEOUT,
+            help="seconds one API server call (DRA) may take before it counts as failed: "
+                 "publishing retries it with back-off, a claim read is that claim's error "
+                 f"({TIMEOUT.describe()})")
     env.add("--cdi", default=False, convert=_bool, nargs="?", const=True,
             help="write a CDI spec per resource and name allocated devices in cdi_devices "
                  "(kubelets 1.28+); needs a runtime with CDI enabled (containerd 1.7+, "

@@ -41,9 +41,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-GATE_SLACK = 15.0
-"""Beyond --watcher-wait, how long a device-plugin server waits for the node's decision: the
-API server calls it makes have their own 10 s timeouts."""
+GATE_SLACK = 5.0
+"""Beyond --watcher-wait and one --api-request-timeout (the API server calls the decision
+makes), how long a device-plugin server waits for the node's decision."""
 
 
 class NodeApi(Enum):
@@ -108,6 +108,7 @@ class DraSide:
             registry_dir=settings.plugins_registry_dir,
             state_dir=settings.dra_state_dir or KUBELET_PLUGINS_DIR / settings.dra_driver_name,
             cdi_dir=settings.cdi_spec_dir, kubeconfig=settings.kubeconfig,
+            request_timeout=settings.api_request_timeout,
             chosen_per_kubelet=settings.api == "auto")
         self.driver = DraDriver(place, feed, self.cdi_ids)
         if settings.api == "dra":
@@ -126,7 +127,8 @@ class DraSide:
         a device-plugin registration first. If no decision comes in time (an API server that
         does not answer), the device plugin serves: nothing is published through DRA then."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.watcher_wait + GATE_SLACK
+        deadline = (loop.time() + self.settings.watcher_wait
+                    + self.settings.api_request_timeout + GATE_SLACK)
         while True:
             kubelet = identity(self.settings.device_plugin_dir / KUBELET_SOCKET)
             if self.choice is not None and kubelet == self._decided_for:

@@ -14,6 +14,7 @@ release being checked knows, plus the server's validation rules), for the releas
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import json
 import os
@@ -60,11 +61,25 @@ def cache_root() -> Path:
 
 
 def fetch_old_schemas() -> Path:
-    """Schemas of 1.11..1.24 (strict), unpacked once under the user's cache directory."""
+    """Schemas of 1.11..1.24 (strict), unpacked once under the user's cache directory.
+
+    Test processes running at once (``pytest -n``, two checkouts) share that directory: the
+    first one to get the lock fetches, the others wait for it and read what it unpacked,
+    never a file another one is still writing."""
     root = cache_root()
     marker = root / ".complete"
     if marker.exists():
         return root
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with open(root.parent / f"{root.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not marker.exists():
+            _fetch_old_schemas(root)
+            marker.write_text(OLD_RELEASE + "\n")
+    return root
+
+
+def _fetch_old_schemas(root: Path) -> None:
     with tempfile.TemporaryDirectory() as download:
         subprocess.run(
             [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--dest", download,
@@ -84,8 +99,6 @@ def fetch_old_schemas() -> Path:
             target = root / rest[0] / rest[1]
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(read())
-    marker.write_text(OLD_RELEASE + "\n")
-    return root
 
 
 def _members(archive: Path) -> list[tuple[str, Callable[[], bytes]]]:

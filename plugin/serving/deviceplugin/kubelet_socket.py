@@ -93,6 +93,14 @@ class KubeletSocketChannel:
         """
         self._round_target = identity(self.directory / KUBELET_SOCKET)
         self._kubelet_appeared.clear()
+        if self._chooser.choose(self._round_target) is not self.channel:
+            # The kubelet came between the channel's choice and this round (a kubelet
+            # start removes this socket, then creates kubelet.sock: the channel may have
+            # been chosen in between, with no kubelet there): its directory event was
+            # spent on the restart, so it must be met here, through its own channel.
+            log.info("%s: a kubelet.sock appeared as the channel was chosen; choosing "
+                     "again for it", self.resource_name)
+            return None
         attempt = asyncio.create_task(negotiate(
             self.directory, self.candidates, self, self.socket_name,
             self.policy, before_attempt=self._offer, wanted=lambda: not self._stop.is_set(),

@@ -32,7 +32,7 @@ from api_versions.resource_claims import parse_claim
 from api_versions.resource_slices import slices_for
 from api_versions.watcher import RegistrationOutcome
 from plugin.model.feed import DeviceFeed
-from plugin.serving.dra.apiserver import ApiFailure, ApiRefused, ApiServer
+from plugin.serving.dra.apiserver import REQUEST_TIMEOUT, ApiFailure, ApiRefused, ApiServer
 from plugin.serving.dra.checkpoint import ClaimCheckpoint
 from plugin.serving.dra.claim_cdi import ClaimSpecs, accelerator_env
 from plugin.serving.dra.claims_model import ClaimAllocation, ClaimRef
@@ -59,6 +59,8 @@ class DriverPlace:
     state_dir: Path
     cdi_dir: Path
     kubeconfig: Path | None = None
+    request_timeout: float = REQUEST_TIMEOUT
+    """``--api-request-timeout``: how long one API server call may take."""
     chosen_per_kubelet: bool = False
     """``--api auto``: a kubelet refusing the driver is one of the expected answers."""
 
@@ -168,7 +170,8 @@ class DraDriver:
         each resource name (otherwise pods asking for it by name would find nothing)."""
         try:
             if self._api is None:
-                self._api = ApiServer.connect(self.place.kubeconfig)
+                self._api = ApiServer.connect(self.place.kubeconfig,
+                                              self.place.request_timeout)
             version = await self._api.resource_version()
             mapped = extended_resource_names(await self._api.device_classes())
         except ApiFailure as failure:
@@ -232,7 +235,7 @@ class DraDriver:
         delay, said = CONNECT_RETRY_INITIAL, None
         while True:
             try:
-                api = ApiServer.connect(self.place.kubeconfig)
+                api = ApiServer.connect(self.place.kubeconfig, self.place.request_timeout)
             except ApiRefused as refusal:
                 if str(refusal) != said:
                     log.error("DRA driver %s: %s; trying again with back-off, up to every "
