@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import os
@@ -282,8 +281,7 @@ async def test_another_format_is_refused_not_misread(path, caplog, version):
 async def test_an_entry_of_the_wrong_shape_is_refused(path, caplog):
     record = {"put": {"u1": {"namespace": "ns", "name": "c", "devices": [{"pool": 3}]}},
               "remove": [], "seq": 1}
-    body = checkpoint_module._canonical(record)
-    digest = "sha256:" + hashlib.sha256(body.encode()).hexdigest()
+    digest = checkpoint_module._checksum(checkpoint_module._canonical(record))
     path.parent.mkdir(parents=True)
     path.write_text(checkpoint_module._header()
                     + json.dumps({"checksum": digest, "record": record}) + "\n")

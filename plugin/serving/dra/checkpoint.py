@@ -45,6 +45,7 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -214,11 +215,13 @@ class ClaimCheckpoint:
         return aside
 
 
+@dataclass(frozen=True)
 class _Journal:
     """What a checkpoint file held: the claims, its good lines, the damaged ones at its end."""
 
-    def __init__(self, claims: dict[str, PreparedClaim], lines: int, torn: int) -> None:
-        self.claims, self.lines, self.torn = claims, lines, torn
+    claims: dict[str, PreparedClaim]
+    lines: int
+    torn: int
 
 
 def _changed(claims: Mapping[str, PreparedClaim], put: list[PreparedClaim],
@@ -240,8 +243,7 @@ def _record_line(seq: int, put: Mapping[str, PreparedClaim], remove: list[str]) 
     same text is both what is checksummed and what is written (C encoder)."""
     record = _canonical({"put": {uid: put[uid].to_json() for uid in put},
                          "remove": remove, "seq": seq})
-    digest = "sha256:" + hashlib.sha256(record.encode()).hexdigest()
-    return f'{{"checksum":{json.dumps(digest)},"record":{record}}}\n'
+    return f'{{"checksum":{json.dumps(_checksum(record))},"record":{record}}}\n'
 
 
 def _encode_and_write(path: Path, claims: Mapping[str, PreparedClaim]) -> None:
@@ -251,6 +253,10 @@ def _encode_and_write(path: Path, claims: Mapping[str, PreparedClaim]) -> None:
 
 def _canonical(body: Mapping[str, Any]) -> str:
     return json.dumps(body, sort_keys=True, separators=(",", ":"))
+
+
+def _checksum(canonical: str) -> str:
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def _decode(raw: bytes) -> _Journal:
@@ -297,8 +303,7 @@ def _record(line: bytes) -> dict[str, Any]:
     record = entry.get("record") if isinstance(entry, dict) else None
     if not isinstance(record, dict):
         raise ValueError("no record")
-    if entry.get("checksum") != "sha256:" + hashlib.sha256(
-            _canonical(record).encode()).hexdigest():
+    if entry.get("checksum") != _checksum(_canonical(record)):
         raise ValueError("checksum mismatch")
     put, remove = record.get("put"), record.get("remove")
     if not isinstance(record.get("seq"), int):

@@ -283,14 +283,17 @@ class ClaimPreparer:
                 await asyncio.wait([writing])
                 await self._remove_specs([(uid, specs.file_name(uid)) for uid, _ in jobs])
                 raise
-        for uid, exc in failures.items():
-            claim = next(c for c in prepared if c.ref.uid == uid)
-            results[uid] = ClaimResult(error=f"cannot write the CDI spec of claim "
-                                             f"{describe(claim.ref)} into {specs.directory}: "
-                                             f"{exc.strerror or exc}")
-            log.warning("refused to prepare claim %s: %s", describe(claim.ref),
-                        results[uid].error)
-        return [c for c in prepared if c.ref.uid not in failures]
+        written = []
+        for claim in prepared:
+            exc = failures.get(claim.ref.uid)
+            if exc is None:
+                written.append(claim)
+                continue
+            error = (f"cannot write the CDI spec of claim {describe(claim.ref)} into "
+                     f"{specs.directory}: {exc.strerror or exc}")
+            results[claim.ref.uid] = ClaimResult(error=error)
+            log.warning("refused to prepare claim %s: %s", describe(claim.ref), error)
+        return written
 
     async def _remove_specs(self, claims: list[tuple[str, str | None]]) -> None:
         """Remove claims' specs: a few right here, many on a worker thread."""
