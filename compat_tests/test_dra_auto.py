@@ -143,6 +143,34 @@ async def test_a_node_upgraded_and_downgraded_under_one_plugin(cluster, sockdir,
     assert "no handler registered for plugin type: DRAPlugin" in choices[0]
 
 
+async def test_a_kubelet_start_is_decided_once_and_stays_decided(cluster, sockdir, logdir,
+                                                               tmp_path):
+    """A kubelet start removes ``kubelet.sock`` and creates it again; the new kubelet may
+    register the DRA driver in between. The node must then stay on DRA: a second decision
+    for the same kubelet, waiting for a registration that already came, would move it to the
+    device plugin after ``--watcher-wait``, withdrawing its slices from a DRA kubelet."""
+    api, registry = cluster
+    api.create_device_class(DRIVER, driver=DRIVER, extended_resource_name=RESOURCE)
+    node = Node(sockdir, registry, api)
+    fake = fake_node(tmp_path)
+    await node.boot("1.33")
+    plugin = start_plugin(sockdir, logdir, registry, fake,
+                          api.write_kubeconfig(tmp_path / "kc"), tmp_path)
+    try:
+        await until(node.device_plugin_offers, "1.33: the device plugin")
+        await node.boot("1.36")
+        await until(node.dra_offers, "1.36: DRA slices")
+        await asyncio.sleep(2 + 1.5)  # --watcher-wait, and then some
+        assert node.dra_offers() and not node.device_plugin_offers()
+    finally:
+        await node.kubelet.stop()
+        plugin.kill()
+    said = [e.get("message", "") for e in plugin.entries()]
+    choices = [m.split(":")[1].strip() for m in said if "serving its devices through" in m]
+    assert choices == ["serving its devices through the device plugin",
+                       "serving its devices through DRA"], choices
+
+
 @pytest.mark.parametrize("why", ["no class", "no resource api"])
 async def test_dra_needs_the_api_server_and_a_device_class(cluster, sockdir, logdir, tmp_path,
                                                            start_api, why):
@@ -164,3 +192,4 @@ async def test_dra_needs_the_api_server_and_a_device_class(cluster, sockdir, log
     choice = next(e["message"] for e in plugin.entries()
                   if "serving its devices through" in e.get("message", ""))
     assert ("no DeviceClass maps" if why == "no class" else "resource.k8s.io") in choice
+

@@ -28,6 +28,7 @@ from plugin.serving.dra.claim_cdi import ClaimSpecs, accelerator_env
 from plugin.serving.dra.health import HealthBroadcaster
 from plugin.serving.dra.prepare import ClaimPreparer
 from plugin.serving.dra.service import DraNodeService, ServiceTiming
+from plugin.serving.routing import identity
 from tests.dra_fakes import DRIVER, NAMES, PCI, POOL, FakeClaims, allocation, cdi_ids
 
 FAST = ServiceTiming(check_interval=0.2, holder_poll=0.05, retry=0.1)
@@ -309,6 +310,27 @@ async def test_a_kubelet_without_dra_refuses_and_the_driver_says_why(dra_node, d
     assert "the kubelet refused the registration: RegisterPlugin error -- no handler" \
         in caplog.text
     assert service.serving, "the driver keeps serving for the kubelet's retries"
+
+
+async def test_each_kubelet_s_word_is_its_own_even_when_it_comes_first(sockdir, dra_node,
+                                                                     driver):
+    """``--api auto`` asks what the kubelet running now said. A kubelet that starts registers
+    the driver within milliseconds, often before the plugin has looked at it: its word must
+    be found then, not waited for again; and the word of a kubelet gone is not the new one's."""
+    kubelet_sock = sockdir / "kubelet.sock"
+    first = await dra_node("1.32")  # DRA off: refuses
+    service = await driver.start(kubelet_instance=lambda: identity(kubelet_sock))
+    old = identity(kubelet_sock)
+    refused = await service.verdict_of(old, 5)
+    assert refused is not None and not refused.registered
+    await first.stop()
+    second = await dra_node("1.34")
+    await registered(second)  # before anyone asks
+    new = identity(kubelet_sock)
+    assert new != old
+    accepted = await service.verdict_of(new, 0.1)
+    assert accepted is not None and accepted.registered
+    assert await service.verdict_of(old, 0.3) is None, "a kubelet gone says nothing more"
 
 
 async def test_a_registry_that_cannot_be_used_is_reported_once_then_served(

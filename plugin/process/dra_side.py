@@ -109,7 +109,8 @@ class DraSide:
             state_dir=settings.dra_state_dir or KUBELET_PLUGINS_DIR / settings.dra_driver_name,
             cdi_dir=settings.cdi_spec_dir, kubeconfig=settings.kubeconfig,
             request_timeout=settings.api_request_timeout,
-            chosen_per_kubelet=settings.api == "auto")
+            chosen_per_kubelet=settings.api == "auto",
+            kubelet_socket=settings.device_plugin_dir / KUBELET_SOCKET)
         self.driver = DraDriver(place, feed, self.cdi_ids)
         if settings.api == "dra":
             self._task = asyncio.create_task(
@@ -171,13 +172,17 @@ class DraSide:
             await self._kick.wait()
             self._kick.clear()
             kubelet = identity(self.settings.device_plugin_dir / KUBELET_SOCKET)
+            if kubelet is None:
+                # No kubelet runs (one is restarting): nothing to decide for. The next one's
+                # kubelet.sock kicks again; until then the node stays as it is.
+                continue
             if self.choice is not None and kubelet == self._decided_for:
                 continue
-            choice, why = await self._decide()
+            choice, why = await self._decide(kubelet)
             self._decided_for = kubelet
             await self._apply(choice, why)
 
-    async def _decide(self) -> tuple[NodeApi, str]:
+    async def _decide(self, kubelet: object) -> tuple[NodeApi, str]:
         driver = self.driver
         assert driver is not None
         if not self.settings.plugins_registry_dir.is_dir():
@@ -188,7 +193,7 @@ class DraSide:
             return NodeApi.DEVICE_PLUGIN, refusal
         await driver.serve_kubelet()
         wait = self.settings.watcher_wait
-        verdict = await driver.kubelet_verdict(wait)
+        verdict = await driver.kubelet_verdict(kubelet, wait)
         if verdict is None:
             return NodeApi.DEVICE_PLUGIN, f"no kubelet registered the DRA driver within {wait:g} s"
         if not verdict.registered:

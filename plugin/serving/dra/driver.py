@@ -41,6 +41,7 @@ from plugin.serving.dra.inventory import Pool, pool_of
 from plugin.serving.dra.prepare import ClaimPreparer
 from plugin.serving.dra.publisher import SlicePublisher
 from plugin.serving.dra.service import DraNodeService
+from plugin.serving.routing import identity
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,9 @@ class DriverPlace:
     """``--api-request-timeout``: how long one API server call may take."""
     chosen_per_kubelet: bool = False
     """``--api auto``: a kubelet refusing the driver is one of the expected answers."""
+    kubelet_socket: Path | None = None
+    """The device-plugin ``kubelet.sock``, which every kubelet start makes anew: what tells
+    one kubelet instance from the next (``--api auto``)."""
 
 
 class DraDriver:
@@ -86,7 +90,6 @@ class DraDriver:
         self._health: HealthBroadcaster | None = None
         self._follower: asyncio.Task[None] | None = None
         self._publishing: asyncio.Task[None] | None = None
-        self._verdicts_seen = 0
         self.publisher: SlicePublisher | None = None
         self.service: DraNodeService | None = None
 
@@ -145,8 +148,8 @@ class DraDriver:
             self._follower = asyncio.create_task(self._follow_devices(),
                                                  name="DRA device follower")
         self.service = DraNodeService(place.driver, place.registry_dir, self._preparer,
-                                      self._health, refusal_expected=place.chosen_per_kubelet)
-        self._verdicts_seen = 0
+                                      self._health, refusal_expected=place.chosen_per_kubelet,
+                                      kubelet_instance=self.kubelet_instance)
         log.info("serving %d devices through DRA as driver %s, pool %s",
                  len(self.feed.current), place.driver, place.node)
         await self.service.start()
@@ -156,13 +159,17 @@ class DraDriver:
         if service is not None:
             await service.stop()
 
-    async def kubelet_verdict(self, timeout: float) -> RegistrationOutcome | None:
-        """The kubelet's word on the driver's registration since the last one asked for;
-        None when no kubelet said anything within ``timeout`` seconds."""
+    def kubelet_instance(self) -> object:
+        """The kubelet running now (None: none, or no ``kubelet_socket`` to tell)."""
+        path = self.place.kubelet_socket
+        return None if path is None else identity(path)
+
+    async def kubelet_verdict(self, instance: object,
+                              timeout: float) -> RegistrationOutcome | None:
+        """Kubelet ``instance``'s word on the driver's registration; None when it said
+        nothing within ``timeout`` seconds."""
         assert self.service is not None, "serve_kubelet first"
-        outcome = await self.service.verdict_after(self._verdicts_seen, timeout)
-        self._verdicts_seen = self.service.verdicts
-        return outcome
+        return await self.service.verdict_of(instance, timeout)
 
     async def api_allows(self, resource_names: Iterable[str]) -> str | None:
         """Why the API server does not let this node be served through DRA, or None: it

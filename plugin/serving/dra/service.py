@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,7 +72,8 @@ class DraNodeService:
     def __init__(self, driver: str, registry_dir: Path, preparer: ClaimPreparer,
                  health: HealthBroadcaster | None = None, *,
                  timing: ServiceTiming | None = None, watch_directory: bool = True,
-                 refusal_expected: bool = False) -> None:
+                 refusal_expected: bool = False,
+                 kubelet_instance: Callable[[], object] = lambda: None) -> None:
         self.driver = driver
         self.registry_dir = Path(registry_dir)
         self.socket_path = self.registry_dir / f"{driver}.sock"
@@ -85,12 +87,14 @@ class DraNodeService:
         self.timing = timing or ServiceTiming()
         self.registration: RegistrationOutcome | None = None
         """What the kubelet last said in NotifyRegistrationStatus (None: nothing yet)."""
+        self._kubelet_instance = kubelet_instance
+        self.registration_by: object = None
+        """The kubelet instance (``kubelet_instance()`` then) that said it: a kubelet makes
+        its ``kubelet.sock`` before its plugin watcher starts, so that is the one talking."""
         self.kubelet_service: str | None = None
         """The claim service the kubelet calls (``"v1.DRAPlugin"``...), known from its first
         call after registration."""
         self.info_calls = 0
-        self.verdicts = 0
-        """NotifyRegistrationStatus calls so far: a new one follows every kubelet start."""
         self._told = asyncio.Event()
         self.health_streams_opened = 0
         self._router = GenerationRouter()
@@ -269,13 +273,17 @@ class DraNodeService:
         # NotifyRegistrationStatus, which may arrive after that kubelet's first call.
         self.kubelet_service = None
 
-    async def verdict_after(self, seen: int, timeout: float) -> RegistrationOutcome | None:
-        """The kubelet's word on the registration once more than ``seen`` have been given;
-        None if no kubelet said anything within ``timeout`` seconds."""
+    async def verdict_of(self, instance: object, timeout: float) -> RegistrationOutcome | None:
+        """What kubelet ``instance`` last said of the registration, waiting up to ``timeout``
+        seconds for it to say something; None if it did not.
+
+        Asked by instance, not for "the next word": the kubelet that starts may register the
+        driver before the plugin notices that kubelet at all, and its word then is already
+        here; waiting for another would wait for nothing."""
         try:
             async with asyncio.timeout(timeout):
-                while self.verdicts <= seen:
-                    self._told.clear()  # nothing new yet; no await since the check
+                while self.registration is None or self.registration_by != instance:
+                    self._told.clear()  # nothing from it yet; no await since the check
                     await self._told.wait()
         except TimeoutError:
             return None
@@ -283,7 +291,7 @@ class DraNodeService:
 
     def _on_status(self, outcome: RegistrationOutcome) -> None:
         self.registration = outcome
-        self.verdicts += 1
+        self.registration_by = self._kubelet_instance()
         self._told.set()
         if outcome.registered:
             log.info("DRA driver %s: registered with the kubelet", self.driver)
