@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
+import socket
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from compat_tests.apiserver import ApiServerEmulator
 from compat_tests.conftest import FAST_DRA
@@ -73,13 +77,13 @@ class Node:
 
 
 def start_plugin(sockdir: Path, logdir: Path, registry: Path, fake: FakeNode,
-                 kubeconfig: Path, tmp_path: Path) -> PluginProcess:
+                 kubeconfig: Path, tmp_path: Path, *extra: str) -> PluginProcess:
     return PluginProcess(sockdir, logdir, extra=[
         "--api", "auto", "--node-name", NODE, "--kubeconfig", str(kubeconfig),
         "--plugins-registry-dir", str(registry), "--dra-state-dir", str(sockdir / "state"),
         "--cdi-spec-dir", str(tmp_path / "cdi"), "--backend", "intel",
         "--sysfs-root", str(fake.sysfs_root), "--dev-root", str(fake.dev_root),
-        "--watcher-wait", "2"]).start()
+        "--watcher-wait", "2", *extra]).start()
 
 
 @pytest.fixture
@@ -193,3 +197,114 @@ async def test_dra_needs_the_api_server_and_a_device_class(cluster, sockdir, log
                   if "serving its devices through" in e.get("message", ""))
     assert ("no DeviceClass maps" if why == "no class" else "resource.k8s.io") in choice
 
+
+class Scraper:
+    """The plugin's /metrics, read as Prometheus would."""
+
+    def __init__(self, port: int) -> None:
+        self.url = f"http://127.0.0.1:{port}/metrics"
+
+    @staticmethod
+    def free_port() -> int:
+        """A port nothing listens on now (``--metrics-port`` takes no 0)."""
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            return int(probe.getsockname()[1])
+
+    @classmethod
+    async def of(cls, plugin: PluginProcess) -> Scraper:
+        entry = await plugin.wait_for_log(lambda e: "metrics on http" in e.get("message", ""),
+                                          what="the metrics address")
+        port = re.search(r":(\d+)/metrics", entry["message"])
+        assert port is not None, entry
+        return cls(int(port.group(1)))
+
+    def samples(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+        body = urllib.request.urlopen(self.url, timeout=5).read().decode()
+        return {(f"{s.name}", frozenset(s.labels.items())): s.value
+                for family in text_string_to_metric_families(body) for s in family.samples}
+
+    async def until(self, what: str, **expected: float) -> dict:
+        """Scrape until every ``name=value`` holds (``name``: the metric without the
+        namespace, labels after ``__``: ``node_api__dra=1``); NaN-free."""
+        last: dict = {}
+
+        def holds() -> bool:
+            nonlocal last
+            last = self.samples()
+            return all(last.get(key(name)) == value for name, value in expected.items())
+
+        try:
+            await until(holds, what, SETTLE)
+        except AssertionError as error:
+            seen = {k: v for k, v in last.items() if "dra" in k[0] or "node_api" in k[0]}
+            raise AssertionError(f"{error}; scraped {seen}") from None
+        return last
+
+
+def key(spec: str) -> tuple[str, frozenset[tuple[str, str]]]:
+    """``dra_claims_total__operation=prepare,result=ok`` -> the sample's key."""
+    name, _, labels = spec.partition("__")
+    pairs = dict(part.split("=") for part in labels.split(",") if part)
+    if name.startswith(("dra_", "node_api")) and name != "node_api":
+        pairs.setdefault("driver", DRIVER)
+    return f"accelerator_device_plugin_{name}", frozenset(pairs.items())
+
+
+async def test_metrics_follow_the_node_through_an_upgrade_and_back(cluster, sockdir, logdir,
+                                                                   tmp_path):
+    """What an operator moving a fleet watches: which API each node serves, whether its
+    slices are written, what became of the kubelet's claims."""
+    api, registry = cluster
+    api.create_device_class(DRIVER, driver=DRIVER, extended_resource_name=RESOURCE)
+    node = Node(sockdir, registry, api)
+    fake = fake_node(tmp_path)
+    await node.boot("1.33")
+    plugin = start_plugin(sockdir, logdir, registry, fake,
+                          api.write_kubeconfig(tmp_path / "kc"), tmp_path,
+                          "--metrics-port", str(Scraper.free_port()),
+                          "--metrics-address", "127.0.0.1")
+    try:
+        metrics = await Scraper.of(plugin)
+        scraped = await metrics.until("1.33: the device plugin", **{
+            "node_api__api=device-plugin": 1, "node_api__api=dra": 0})
+        assert key("dra_slices_in_sync") not in scraped, "no DRA figure on a device-plugin node"
+
+        kubelet = await node.boot("1.36")
+        await metrics.until("1.36: DRA, slices written", **{
+            "node_api__api=device-plugin": 0, "node_api__api=dra": 1,
+            "dra_slices_in_sync": 1, "dra_prepared_claims": 0})
+        assert metrics.samples()[key("dra_slice_publications_total")] >= 1
+        assert kubelet.dra is not None
+        await kubelet.dra.wait_until(lambda: kubelet.dra.endpoints(DRIVER), SETTLE, "driver")
+        good = api.create_allocated_claim("default", "good", driver=DRIVER, pool=NODE,
+                                          devices=["pci-0000-3b-00-0"], node_name=NODE)
+        unknown = api.create_allocated_claim("default", "unknown", driver=DRIVER, pool=NODE,
+                                             devices=["pci-0000-99-00-0"], node_name=NODE)
+        refs = [ClaimRef("default", c["metadata"]["name"], c["metadata"]["uid"], (DRIVER,))
+                for c in (good, unknown)]
+        outcome = await kubelet.dra.prepare(refs)
+        assert outcome.result(refs[0].uid).ok and not outcome.result(refs[1].uid).ok
+        await metrics.until("one claim prepared, one refused", **{
+            "dra_claims_total__operation=prepare,result=ok": 1,
+            "dra_claims_total__operation=prepare,result=error": 1,
+            "dra_prepared_claims": 1})
+
+        await api.go_down()
+        fake.add_dfl_card("0000:5e:00.0")  # a change to publish while the server is away
+        await metrics.until("slices out of sync in the outage", dra_slices_in_sync=0)
+        await api.come_back()
+        await metrics.until("slices written again", dra_slices_in_sync=1)
+
+        outcome = await kubelet.dra.unprepare(refs[:1])
+        assert outcome.ok, outcome.error
+        await metrics.until("the claim unprepared", **{
+            "dra_claims_total__operation=unprepare,result=ok": 1, "dra_prepared_claims": 0})
+
+        await node.boot("1.33")
+        scraped = await metrics.until("1.33 again: the device plugin", **{
+            "node_api__api=device-plugin": 1, "node_api__api=dra": 0})
+        assert key("dra_slices_in_sync") not in scraped, "the DRA figure goes with DRA"
+    finally:
+        await node.kubelet.stop()
+        plugin.kill()

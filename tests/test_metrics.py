@@ -58,6 +58,8 @@ async def test_metrics_follow_registration_devices_and_allocations() -> None:
     assert value(samples, "registered", resource=r, generation="v1beta1") == 0
     assert value(samples, "registrations_total", resource=r, generation="v1alpha2") == 1
     assert value(samples, "devices", resource=r, health="Healthy") == 3
+    assert value(samples, "node_api", api="device-plugin") == 1
+    assert value(samples, "node_api", api="dra") == 0
     for result in ("granted", "refused"):
         assert value(samples, "allocations_total", resource=r, generation="v1alpha2",
                      result=result) == 1

@@ -27,7 +27,7 @@ from plugin.model.feed import DeviceFeed
 from plugin.model.resources import group_by_resource, socket_name_for
 from plugin.process import metrics
 from plugin.process.dirwatch import Change, DirectoryWatcher
-from plugin.process.dra_side import DraSide
+from plugin.process.dra_side import DraSide, NodeApi
 from plugin.process.signals import Meaning, SignalRouter, name_of
 from plugin.process.supervise import MAX_DELAY, supervise
 from plugin.process.ticks import sleep_to_tick
@@ -91,6 +91,7 @@ class Daemon:
 
     async def _serve_until_stopped(self) -> int:
         self._enable_metrics()
+        metrics.follow_node_api([api.short_name for api in NodeApi], self._node_api)
         log.info("starting: backend %s, generations %s, directory %s", self.backend.name,
                  ",".join(a.name for a in self.candidates), self.directory)
         monitor = DeviceMonitor(self.backend, self.settings.rescan_interval, self.triggers,
@@ -293,6 +294,13 @@ class Daemon:
         except OSError as exc:
             log.error("metrics disabled: cannot listen on %s:%d: %s",
                       self.settings.metrics_address, self.settings.metrics_port, exc)
+
+    def _node_api(self) -> str | None:
+        """The API the node is served through now; None while ``auto`` has not decided."""
+        if self.dra_side is None:
+            return NodeApi.DEVICE_PLUGIN.short_name
+        choice = self.dra_side.choice
+        return None if choice is None else choice.short_name
 
     def _on_signal(self, signum: int, meaning: Meaning) -> None:
         name = name_of(signum)

@@ -50,6 +50,11 @@ class NodeApi(Enum):
     DEVICE_PLUGIN = "the device plugin"
     DRA = "DRA"
 
+    @property
+    def short_name(self) -> str:
+        """As in ``--api`` (and in the ``node_api`` metric)."""
+        return "dra" if self is NodeApi.DRA else "device-plugin"
+
 
 class DraSide:
     """Owns the node feed, the DRA driver and, under ``auto``, the choice between APIs.

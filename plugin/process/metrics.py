@@ -7,7 +7,9 @@ TLS machinery it brings cost a few MiB of resident memory).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from plugin.model.devices import DeviceSet, Health
@@ -40,6 +42,28 @@ class _Prometheus:
         self.allocations = prom.Counter(
             "allocations", "Allocate calls per container, by result.",
             ["resource", "generation", "result"], namespace=NAMESPACE,
+        )
+        self.node_api = prom.Gauge(
+            "node_api", "1 for the API this node's devices are served through now (both 0 "
+            "while --api auto has not decided).", ["api"], namespace=NAMESPACE,
+        )
+        self.dra_claims = prom.Counter(
+            "dra_claims", "Claims the kubelet asked the DRA driver to prepare or unprepare, "
+            "by result (error: the kubelet was answered with an error for the claim).",
+            ["driver", "operation", "result"], namespace=NAMESPACE,
+        )
+        self.dra_prepared_claims = prom.Gauge(
+            "dra_prepared_claims", "Claims prepared and not yet unprepared, as recorded in the "
+            "driver's checkpoint.", ["driver"], namespace=NAMESPACE,
+        )
+        self.dra_slices_in_sync = prom.Gauge(
+            "dra_slices_in_sync", "While the node publishes through DRA: 1 when its "
+            "ResourceSlices are as the devices are, 0 while they cannot be written.",
+            ["driver"], namespace=NAMESPACE,
+        )
+        self.dra_slice_publications = prom.Counter(
+            "dra_slice_publications", "Times the node's pool was written to the API server "
+            "(a new pool generation).", ["driver"], namespace=NAMESPACE,
         )
         self.server: Any
         self.server, _thread = prom.start_http_server(port, addr=address)
@@ -88,3 +112,51 @@ def allocation(resource: str, generation: str, granted: bool) -> None:
     if _active is not None:
         result = "granted" if granted else "refused"
         _active.allocations.labels(resource, generation, result).inc()
+
+
+def follow_node_api(apis: Sequence[str], current: Callable[[], str | None]) -> None:
+    """Report ``current()`` (one of ``apis``, or None while undecided) at every scrape: the
+    choice has one owner, and the metric reads it rather than being told."""
+    if _active is None:
+        return
+    for api in apis:
+        _active.node_api.labels(api).set_function(lambda api=api: float(current() == api))
+
+
+def dra_claims(driver: str, operation: str, ok: int, failed: int) -> None:
+    if _active is None:
+        return
+    if ok:
+        _active.dra_claims.labels(driver, operation, "ok").inc(ok)
+    if failed:
+        _active.dra_claims.labels(driver, operation, "error").inc(failed)
+
+
+def follow_dra_prepared_claims(driver: str, count: Callable[[], int | None]) -> None:
+    """Report ``count()`` at every scrape (None, before the checkpoint is read: no value)."""
+    if _active is None:
+        return
+
+    def value() -> float:
+        held = count()
+        return float("nan") if held is None else float(held)
+
+    _active.dra_prepared_claims.labels(driver).set_function(value)
+
+
+def dra_slices(driver: str, in_sync: bool | None) -> None:
+    """Whether the node's slices are as its devices are (None: the node does not publish
+    through DRA now, so there is no such figure)."""
+    if _active is None:
+        return
+    if in_sync is None:
+        with contextlib.suppress(KeyError):
+            _active.dra_slices_in_sync.remove(driver)
+    else:
+        _active.dra_slices_in_sync.labels(driver).set(1 if in_sync else 0)
+
+
+def dra_slices_published(driver: str) -> None:
+    """A new pool generation was written."""
+    if _active is not None:
+        _active.dra_slice_publications.labels(driver).inc()

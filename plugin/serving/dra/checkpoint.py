@@ -113,6 +113,12 @@ class ClaimCheckpoint:
     def __len__(self) -> int:
         return len(self._claims)
 
+    def held(self) -> int | None:
+        """How many claims are recorded, or None before the file is read (never reads it:
+        safe from another thread, such as a metrics scrape)."""
+        loaded = self._loaded
+        return None if loaded is None else len(loaded)
+
     def __iter__(self) -> Iterator[str]:
         return iter(dict(self._claims))
 

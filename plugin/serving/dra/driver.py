@@ -32,6 +32,7 @@ from api_versions.resource_claims import parse_claim
 from api_versions.resource_slices import slices_for
 from api_versions.watcher import RegistrationOutcome
 from plugin.model.feed import DeviceFeed
+from plugin.process import metrics
 from plugin.serving.dra.apiserver import REQUEST_TIMEOUT, ApiFailure, ApiRefused, ApiServer
 from plugin.serving.dra.checkpoint import ClaimCheckpoint
 from plugin.serving.dra.claim_cdi import ClaimSpecs, accelerator_env
@@ -139,11 +140,13 @@ class DraDriver:
             place.state_dir.mkdir(parents=True, exist_ok=True)
             # Read at first use, which comes through the socket: only the instance holding
             # it reads the record (a rolling update's newcomer waits for the old one first).
+            checkpoint = ClaimCheckpoint(place.state_dir / CHECKPOINT_FILE, load=False)
             self._preparer = ClaimPreparer(
                 place.driver, place.node, self.device_names, read_claim, self._cdi_ids,
-                ClaimCheckpoint(place.state_dir / CHECKPOINT_FILE, load=False),
-                claim_specs=ClaimSpecs(place.cdi_dir, place.driver,
-                                       lambda ids: accelerator_env(ids, self.feed.current)))
+                checkpoint, claim_specs=ClaimSpecs(
+                    place.cdi_dir, place.driver,
+                    lambda ids: accelerator_env(ids, self.feed.current)))
+            metrics.follow_dra_prepared_claims(place.driver, checkpoint.held)
             self._health = HealthBroadcaster(place.node, self.feed, self.device_names)
             self._follower = asyncio.create_task(self._follow_devices(),
                                                  name="DRA device follower")

@@ -32,6 +32,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from plugin.model.allocation import name_some
+from plugin.process import metrics
 from plugin.serving.dra.checkpoint import CheckpointError, ClaimCheckpoint
 from plugin.serving.dra.claim_cdi import ClaimSpecs
 from plugin.serving.dra.claims_model import AllocationResult, ClaimAllocation, ClaimRef
@@ -104,6 +105,13 @@ class ClaimPreparer:
         ``timeout``: seconds until the answer must go out; claims not prepared by then get
         an error saying so. Never raises for a claim's sake; cancelled, it leaves nothing
         behind but what was already recorded."""
+        results = await self._prepare(claims, timeout)
+        failed = sum(1 for result in results.values() if not result.ok)
+        metrics.dra_claims(self.driver, "prepare", len(results) - failed, failed)
+        return results
+
+    async def _prepare(self, claims: Sequence[ClaimRef],
+                       timeout: float | None) -> dict[str, ClaimResult]:
         results: dict[str, ClaimResult] = {}
         pending: dict[str, ClaimRef] = {}
         for ref in claims:
@@ -309,6 +317,12 @@ class ClaimPreparer:
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         """Claim UID -> error (``""``: done) for every claim asked; from the checkpoint only."""
+        results = await self._unprepare(claims)
+        failed = sum(1 for error in results.values() if error)
+        metrics.dra_claims(self.driver, "unprepare", len(results) - failed, failed)
+        return results
+
+    async def _unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         known = {ref.uid: entry for ref in claims
                  if (entry := self.checkpoint.get(ref.uid)) is not None}
         results = dict.fromkeys((ref.uid for ref in claims), "")

@@ -37,6 +37,7 @@ from api_versions.k8s_objects import (
     resource_version_of,
 )
 from api_versions.resource_slices import dropped_taints
+from plugin.process import metrics
 from plugin.serving.dra.apiserver import ApiFailure, ApiRefused, ApiServer, Conflict, Gone
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,7 @@ class SlicePublisher:
         try:
             await self._reconcile_forever()
         finally:
+            metrics.dra_slices(self.driver, None)
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
@@ -141,6 +143,7 @@ class SlicePublisher:
                 delay = min(delay * 2, self._backoff_max)
                 self._wanted.set()
                 continue
+            metrics.dra_slices(self.driver, True)
             if self._state is not None:
                 log.info("the API server answers again; the devices of %s are published",
                          self.node)
@@ -188,6 +191,7 @@ class SlicePublisher:
         self._last_content = content
         self._last_version = version
         self.publications += 1
+        metrics.dra_slices_published(self.driver)
         log.info("published %d device slice(s) of %s as pool generation %d "
                  "(resource.k8s.io/%s)", len(wanted), self.node, self._generation, version)
 
@@ -276,7 +280,9 @@ class SlicePublisher:
     def _say(self, failure: ApiFailure, message: str, level: int) -> None:
         """Log a failing state once, not at every retry. A state is the failure's kind
         (class and HTTP status), not its wording, which may change from one try to the next
-        (a refused connection, then a connect timeout, during one outage)."""
+        (a refused connection, then a connect timeout, during one outage). Every failure to
+        publish comes through here, so it is also where the slices are counted out of sync."""
+        metrics.dra_slices(self.driver, False)
         state = (type(failure), failure.status)
         if state != self._state:
             self._state = state
