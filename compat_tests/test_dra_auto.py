@@ -175,6 +175,35 @@ async def test_a_kubelet_start_is_decided_once_and_stays_decided(cluster, sockdi
                        "serving its devices through DRA"], choices
 
 
+async def test_a_kubelet_down_for_a_while_leaves_the_node_as_it_was(cluster, sockdir, logdir,
+                                                                   tmp_path):
+    """With no kubelet there is nothing to decide for: a node on DRA keeps its slices while
+    its kubelet is down (the next kubelet start deletes and gets them again), instead of
+    moving to the device plugin and back."""
+    api, registry = cluster
+    api.create_device_class(DRIVER, driver=DRIVER, extended_resource_name=RESOURCE)
+    node = Node(sockdir, registry, api)
+    fake = fake_node(tmp_path)
+    kubelet = await node.boot("1.36")
+    plugin = start_plugin(sockdir, logdir, registry, fake,
+                          api.write_kubeconfig(tmp_path / "kc"), tmp_path)
+    try:
+        await until(node.dra_offers, "DRA slices")
+        await kubelet.stop()
+        await asyncio.sleep(2 + 1.5)  # past --watcher-wait
+        assert node.dra_offers(), "the slices stay while no kubelet runs"
+        await node.boot("1.36")
+        await until(node.dra_offers, "DRA slices under the new kubelet")
+        await asyncio.sleep(2 + 1.5)
+        assert node.dra_offers() and not node.device_plugin_offers()
+    finally:
+        await node.kubelet.stop()
+        plugin.kill()
+    said = [e.get("message", "") for e in plugin.entries()]
+    choices = [m.split(":")[1].strip() for m in said if "serving its devices through" in m]
+    assert choices == ["serving its devices through DRA"], choices
+
+
 @pytest.mark.parametrize("why", ["no class", "no resource api"])
 async def test_dra_needs_the_api_server_and_a_device_class(cluster, sockdir, logdir, tmp_path,
                                                            start_api, why):
