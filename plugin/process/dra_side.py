@@ -2,7 +2,8 @@
 
 ``--api dra`` serves the node through its DRA driver from the first device set on. ``--api
 auto`` decides per kubelet instance (a kubelet is known by the ``kubelet.sock`` it creates at
-every start), as the registration channel is decided:
+every start; while none runs there is nothing to decide, and the node stays as it is), as the
+registration channel is decided:
 
 1. the API server must serve a resource.k8s.io version the driver speaks, and a DeviceClass
    must map every resource name of the node (``spec.extendedResourceName``), or pods asking for
@@ -34,7 +35,7 @@ from plugin.model.devices import DeviceSet
 from plugin.model.feed import DeviceFeed
 from plugin.process.supervise import supervise
 from plugin.serving.cdi import CdiPolicy, SpecWriter
-from plugin.serving.routing import identity
+from plugin.serving.routing import FileIdentity, identity
 
 if TYPE_CHECKING:
     from plugin.serving.dra.driver import DraDriver
@@ -187,7 +188,7 @@ class DraSide:
             self._decided_for = kubelet
             await self._apply(choice, why)
 
-    async def _decide(self, kubelet: object) -> tuple[NodeApi, str]:
+    async def _decide(self, kubelet: FileIdentity) -> tuple[NodeApi, str]:
         driver = self.driver
         assert driver is not None
         if not self.settings.plugins_registry_dir.is_dir():

@@ -42,7 +42,7 @@ from plugin.serving.dra.inventory import Pool, pool_of
 from plugin.serving.dra.prepare import ClaimPreparer
 from plugin.serving.dra.publisher import SlicePublisher
 from plugin.serving.dra.service import DraNodeService
-from plugin.serving.routing import identity
+from plugin.serving.routing import FileIdentity, identity
 
 log = logging.getLogger(__name__)
 
@@ -162,12 +162,12 @@ class DraDriver:
         if service is not None:
             await service.stop()
 
-    def kubelet_instance(self) -> object:
+    def kubelet_instance(self) -> FileIdentity | None:
         """The kubelet running now (None: none, or no ``kubelet_socket`` to tell)."""
         path = self.place.kubelet_socket
         return None if path is None else identity(path)
 
-    async def kubelet_verdict(self, instance: object,
+    async def kubelet_verdict(self, instance: FileIdentity,
                               timeout: float) -> RegistrationOutcome | None:
         """Kubelet ``instance``'s word on the driver's registration; None when it said
         nothing within ``timeout`` seconds."""
