@@ -102,49 +102,72 @@ def fake_node(tmp_path: Path) -> FakeNode:
     return fake
 
 
-async def test_a_node_upgraded_and_downgraded_under_one_plugin(cluster, sockdir, logdir,
-                                                                tmp_path):
+@contextlib.asynccontextmanager
+async def mapped_node(cluster: tuple[ApiServerEmulator, Path], sockdir: Path, logdir: Path,
+                      tmp_path: Path, model: str,
+                      *extra: str) -> AsyncIterator[tuple[Node, PluginProcess, FakeNode]]:
+    """A node whose kubelet runs ``model``, a DeviceClass mapping the name, and the real
+    ``serve --api auto`` (started after the kubelet); both stopped at the end."""
     api, registry = cluster
     api.create_device_class(DRIVER, driver=DRIVER, extended_resource_name=RESOURCE)
     node = Node(sockdir, registry, api)
     fake = fake_node(tmp_path)
-    await node.boot("1.33")
+    await node.boot(model)
     plugin = start_plugin(sockdir, logdir, registry, fake,
-                          api.write_kubeconfig(tmp_path / "kc"), tmp_path)
-    watcher = asyncio.create_task(node.watch_both())
+                          api.write_kubeconfig(tmp_path / "kc"), tmp_path, *extra)
     try:
-        await until(node.device_plugin_offers, "1.33: the device plugin")
-        assert not node.dra_offers()
-
-        kubelet = await node.boot("1.36")
-        await until(node.dra_offers, "1.36: DRA slices")
-        await until(lambda: not node.device_plugin_offers(), "1.36: no device plugin")
-        assert kubelet.register_calls == 0, \
-            "a kubelet that gets DRA never sees a device-plugin registration first"
-        assert kubelet.dra is not None
-        await kubelet.dra.wait_until(lambda: kubelet.dra.endpoints(DRIVER), SETTLE, "driver")
-        claim = api.create_allocated_claim("default", "c", driver=DRIVER, pool=NODE,
-                                           devices=["pci-0000-3b-00-0"], node_name=NODE)
-        outcome = await kubelet.dra.prepare([ClaimRef("default", "c",
-                                                      claim["metadata"]["uid"], (DRIVER,))])
-        assert outcome.ok, outcome.error
-
-        await node.boot("1.33")
-        await until(node.device_plugin_offers, "1.33 again: the device plugin")
-        await until(lambda: not node.dra_offers(), "1.33 again: slices withdrawn")
-        assert plugin.alive
+        yield node, plugin, fake
     finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
+        assert node.kubelet is not None
         await node.kubelet.stop()
         plugin.kill()
+
+
+def choices(plugin: PluginProcess) -> list[tuple[str, str]]:
+    """Each choice of API the plugin logged, in order: (the API, why)."""
+    said = [e.get("message", "") for e in plugin.entries()]
+    return [(through.removeprefix("serving its devices through "), why)
+            for _, through, why in (m.split(": ", 2) for m in said
+                                    if "serving its devices through" in m)]
+
+
+async def test_a_node_upgraded_and_downgraded_under_one_plugin(cluster, sockdir, logdir,
+                                                                tmp_path):
+    api, _ = cluster
+    async with mapped_node(cluster, sockdir, logdir, tmp_path, "1.33") as (node, plugin, _):
+        watcher = asyncio.create_task(node.watch_both())
+        try:
+            await until(node.device_plugin_offers, "1.33: the device plugin")
+            assert not node.dra_offers()
+
+            kubelet = await node.boot("1.36")
+            await until(node.dra_offers, "1.36: DRA slices")
+            await until(lambda: not node.device_plugin_offers(), "1.36: no device plugin")
+            assert kubelet.register_calls == 0, \
+                "a kubelet that gets DRA never sees a device-plugin registration first"
+            assert kubelet.dra is not None
+            await kubelet.dra.wait_until(lambda: kubelet.dra.endpoints(DRIVER), SETTLE,
+                                         "driver")
+            claim = api.create_allocated_claim("default", "c", driver=DRIVER, pool=NODE,
+                                               devices=["pci-0000-3b-00-0"], node_name=NODE)
+            outcome = await kubelet.dra.prepare([ClaimRef("default", "c",
+                                                          claim["metadata"]["uid"],
+                                                          (DRIVER,))])
+            assert outcome.ok, outcome.error
+
+            await node.boot("1.33")
+            await until(node.device_plugin_offers, "1.33 again: the device plugin")
+            await until(lambda: not node.dra_offers(), "1.33 again: slices withdrawn")
+            assert plugin.alive
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
     assert node.samples > 100
     assert node.both_seen == 0, f"offered both ways in {node.both_seen} of {node.samples} samples"
-    said = [e.get("message", "") for e in plugin.entries()]
-    choices = [m for m in said if "serving its devices through" in m]
-    assert [("DRA" in m.split(":")[1]) for m in choices] == [False, True, False], choices
-    assert "no handler registered for plugin type: DRAPlugin" in choices[0]
+    said = choices(plugin)
+    assert [api for api, _ in said] == ["the device plugin", "DRA", "the device plugin"], said
+    assert "no handler registered for plugin type: DRAPlugin" in said[0][1]
 
 
 async def test_a_kubelet_start_is_decided_once_and_stays_decided(cluster, sockdir, logdir,
@@ -153,26 +176,14 @@ async def test_a_kubelet_start_is_decided_once_and_stays_decided(cluster, sockdi
     register the DRA driver in between. The node must then stay on DRA: a second decision
     for the same kubelet, waiting for a registration that already came, would move it to the
     device plugin after ``--watcher-wait``, withdrawing its slices from a DRA kubelet."""
-    api, registry = cluster
-    api.create_device_class(DRIVER, driver=DRIVER, extended_resource_name=RESOURCE)
-    node = Node(sockdir, registry, api)
-    fake = fake_node(tmp_path)
-    await node.boot("1.33")
-    plugin = start_plugin(sockdir, logdir, registry, fake,
-                          api.write_kubeconfig(tmp_path / "kc"), tmp_path)
-    try:
+    async with mapped_node(cluster, sockdir, logdir, tmp_path, "1.33") as (node, plugin, _):
         await until(node.device_plugin_offers, "1.33: the device plugin")
         await node.boot("1.36")
         await until(node.dra_offers, "1.36: DRA slices")
         await asyncio.sleep(2 + 1.5)  # --watcher-wait, and then some
         assert node.dra_offers() and not node.device_plugin_offers()
-    finally:
-        await node.kubelet.stop()
-        plugin.kill()
-    said = [e.get("message", "") for e in plugin.entries()]
-    choices = [m.split(":")[1].strip() for m in said if "serving its devices through" in m]
-    assert choices == ["serving its devices through the device plugin",
-                       "serving its devices through DRA"], choices
+    said = choices(plugin)
+    assert [api for api, _ in said] == ["the device plugin", "DRA"], said
 
 
 async def test_a_kubelet_down_for_a_while_leaves_the_node_as_it_was(cluster, sockdir, logdir,
@@ -180,28 +191,18 @@ async def test_a_kubelet_down_for_a_while_leaves_the_node_as_it_was(cluster, soc
     """With no kubelet there is nothing to decide for: a node on DRA keeps its slices while
     its kubelet is down (the next kubelet start deletes and gets them again), instead of
     moving to the device plugin and back."""
-    api, registry = cluster
-    api.create_device_class(DRIVER, driver=DRIVER, extended_resource_name=RESOURCE)
-    node = Node(sockdir, registry, api)
-    fake = fake_node(tmp_path)
-    kubelet = await node.boot("1.36")
-    plugin = start_plugin(sockdir, logdir, registry, fake,
-                          api.write_kubeconfig(tmp_path / "kc"), tmp_path)
-    try:
+    async with mapped_node(cluster, sockdir, logdir, tmp_path, "1.36") as (node, plugin, _):
         await until(node.dra_offers, "DRA slices")
-        await kubelet.stop()
+        assert node.kubelet is not None
+        await node.kubelet.stop()
         await asyncio.sleep(2 + 1.5)  # past --watcher-wait
         assert node.dra_offers(), "the slices stay while no kubelet runs"
         await node.boot("1.36")
         await until(node.dra_offers, "DRA slices under the new kubelet")
         await asyncio.sleep(2 + 1.5)
         assert node.dra_offers() and not node.device_plugin_offers()
-    finally:
-        await node.kubelet.stop()
-        plugin.kill()
-    said = [e.get("message", "") for e in plugin.entries()]
-    choices = [m.split(":")[1].strip() for m in said if "serving its devices through" in m]
-    assert choices == ["serving its devices through DRA"], choices
+    said = choices(plugin)
+    assert [api for api, _ in said] == ["DRA"], said
 
 
 @pytest.mark.parametrize("why", ["no class", "no resource api"])
@@ -222,9 +223,9 @@ async def test_dra_needs_the_api_server_and_a_device_class(cluster, sockdir, log
     finally:
         await node.kubelet.stop()
         plugin.kill()
-    choice = next(e["message"] for e in plugin.entries()
-                  if "serving its devices through" in e.get("message", ""))
-    assert ("no DeviceClass maps" if why == "no class" else "resource.k8s.io") in choice
+    (api_chosen, reason), *_ = choices(plugin)
+    assert api_chosen == "the device plugin"
+    assert ("no DeviceClass maps" if why == "no class" else "resource.k8s.io") in reason
 
 
 class Scraper:
@@ -250,12 +251,12 @@ class Scraper:
 
     def samples(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
         body = urllib.request.urlopen(self.url, timeout=5).read().decode()
-        return {(f"{s.name}", frozenset(s.labels.items())): s.value
+        return {(s.name, frozenset(s.labels.items())): s.value
                 for family in text_string_to_metric_families(body) for s in family.samples}
 
     async def until(self, what: str, **expected: float) -> dict:
-        """Scrape until every ``name=value`` holds (``name``: the metric without the
-        namespace, labels after ``__``: ``node_api__dra=1``); NaN-free."""
+        """Scrape until every sample named in ``expected`` has its value (names as
+        :func:`key` reads them, such as ``"node_api__api=dra"``); the last samples scraped."""
         last: dict = {}
 
         def holds() -> bool:
@@ -275,7 +276,7 @@ def key(spec: str) -> tuple[str, frozenset[tuple[str, str]]]:
     """``dra_claims_total__operation=prepare,result=ok`` -> the sample's key."""
     name, _, labels = spec.partition("__")
     pairs = dict(part.split("=") for part in labels.split(",") if part)
-    if name.startswith(("dra_", "node_api")) and name != "node_api":
+    if name.startswith("dra_"):
         pairs.setdefault("driver", DRIVER)
     return f"accelerator_device_plugin_{name}", frozenset(pairs.items())
 
@@ -284,16 +285,10 @@ async def test_metrics_follow_the_node_through_an_upgrade_and_back(cluster, sock
                                                                    tmp_path):
     """What an operator moving a fleet watches: which API each node serves, whether its
     slices are written, what became of the kubelet's claims."""
-    api, registry = cluster
-    api.create_device_class(DRIVER, driver=DRIVER, extended_resource_name=RESOURCE)
-    node = Node(sockdir, registry, api)
-    fake = fake_node(tmp_path)
-    await node.boot("1.33")
-    plugin = start_plugin(sockdir, logdir, registry, fake,
-                          api.write_kubeconfig(tmp_path / "kc"), tmp_path,
-                          "--metrics-port", str(Scraper.free_port()),
-                          "--metrics-address", "127.0.0.1")
-    try:
+    api, _ = cluster
+    async with mapped_node(cluster, sockdir, logdir, tmp_path, "1.33",
+                           "--metrics-port", str(Scraper.free_port()),
+                           "--metrics-address", "127.0.0.1") as (node, plugin, fake):
         metrics = await Scraper.of(plugin)
         scraped = await metrics.until("1.33: the device plugin", **{
             "node_api__api=device-plugin": 1, "node_api__api=dra": 0})
@@ -334,6 +329,3 @@ async def test_metrics_follow_the_node_through_an_upgrade_and_back(cluster, sock
         scraped = await metrics.until("1.33 again: the device plugin", **{
             "node_api__api=device-plugin": 1, "node_api__api=dra": 0})
         assert key("dra_slices_in_sync") not in scraped, "the DRA figure goes with DRA"
-    finally:
-        await node.kubelet.stop()
-        plugin.kill()
