@@ -22,6 +22,7 @@ from plugin.serving.cdi import DEFAULT_SPEC_DIR
 from plugin.serving.cdi import STRATEGIES as CDI_STRATEGIES
 from plugin.serving.deviceplugin.channels import DEFAULT_REGISTRY
 from plugin.serving.deviceplugin.channels import MODES as REGISTRATION_MODES
+from plugin.version import VERSION
 
 ENV_PREFIX = "ACCELERATOR_DP_"
 DEFAULT_DIR = Path("/var/lib/kubelet/device-plugins")
@@ -358,6 +359,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Kubernetes device plugin for FPGA accelerators, for every kubelet API "
         "generation (v1alpha1, v1alpha2, v1beta1).",
     )
+    parser.add_argument("--version", action="version",
+                        version=f"accelerator-device-plugin {VERSION}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 
     serve = commands.add_parser("serve", help="register with the kubelet and serve devices")
