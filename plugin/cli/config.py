@@ -273,7 +273,7 @@ def _add_common_flags(parser: OneLineParser) -> None:
 
 def _add_config_flag(parser: OneLineParser) -> None:
     _EnvDefaults(parser).add(
-        "--config", default=None, convert=Path,
+        "--config", default=None, convert=Path, metavar="FILE",
         help="YAML file of settings, keyed by these flags' names without dashes (a flag or "
              "variable wins over the file)")
 
