@@ -105,6 +105,7 @@ def describe(origins: Sequence[Origin]) -> str:
 
 
 def as_json(origins: Sequence[Origin]) -> dict[str, dict[str, Any]]:
+    """The same for ``discover --json``: by key, the typed value and where it came from."""
     return {o.key: {"value": plain(o.value), "from": o.source} for o in origins}
 
 
