@@ -1,8 +1,9 @@
 """Command-line flags and their environment variables, parsed into one frozen settings value.
 
 Every flag of ``serve`` can also come from ``ACCELERATOR_DP_<FLAG>`` (dashes as underscores,
-upper case), because a DaemonSet is easier to tune through ``env`` than through ``args``.
-A flag on the command line wins over its variable. A bad flag or value exits 2 with one line.
+upper case), because a DaemonSet is easier to tune through ``env`` than through ``args``, and
+from the ``--config`` file (a ConfigMap). A flag on the command line wins over its variable,
+which wins over the file (:mod:`plugin.cli.sources`). A bad flag or value exits 2 with one line.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from api_versions.retry import RetryPolicy
+from plugin.cli.sources import CONFIG_KEY, UNSET, Option, Origin, SettingError, resolve
 from plugin.model.resource_names import dns_subdomain_problem, resource_name_problem
 from plugin.serving.cdi import DEFAULT_SPEC_DIR
 from plugin.serving.cdi import STRATEGIES as CDI_STRATEGIES
 from plugin.serving.deviceplugin.channels import DEFAULT_REGISTRY
 from plugin.serving.deviceplugin.channels import MODES as REGISTRATION_MODES
+from plugin.version import VERSION
 
 ENV_PREFIX = "ACCELERATOR_DP_"
 DEFAULT_DIR = Path("/var/lib/kubelet/device-plugins")
@@ -77,6 +80,8 @@ class Settings:
     kubeconfig: Path | None = None
     api_request_timeout: float = 10.0
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    origins: tuple[Origin, ...] = ()
+    """Each setting not at its default and where it came from, for the start-up line."""
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -84,21 +89,13 @@ class OneLineParser(argparse.ArgumentParser):
 
     commands: dict[str, OneLineParser]
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.options: list[Option] = []
+        """What ``_EnvDefaults`` registered: the settings a variable or the file may give."""
+
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-@dataclass(frozen=True)
-class _EnvProblem:
-    """An environment variable that did not convert, held until we know it matters.
-
-    Every subcommand's parser is built before the command line is read, so failing at build
-    time blamed the wrong subcommand (``serve: error`` for a ``discover`` run) and let a
-    variable only ``serve`` reads break ``healthcheck``. The problem is reported by the
-    subcommand that runs, and only if its flag was not given on the command line.
-    """
-
-    message: str
 
 
 @dataclass(frozen=True)
@@ -213,9 +210,15 @@ def _env(flag: str) -> str:
 
 
 class _EnvDefaults:
-    """Adds options whose defaults come from the environment, converted like the flag."""
+    """Adds options whose defaults come from the environment or the file, converted like the flag.
 
-    def __init__(self, parser: argparse.ArgumentParser) -> None:
+    Variables and the file are read once the command line is, by the subcommand that runs
+    (:func:`plugin.cli.sources.resolve`): a bad variable is blamed on that subcommand, only
+    if its flag was not given, and a variable only ``serve`` reads cannot break
+    ``healthcheck``.
+    """
+
+    def __init__(self, parser: OneLineParser) -> None:
         self.parser = parser
 
     def add(
@@ -227,20 +230,12 @@ class _EnvDefaults:
         **kwargs: Any,
     ) -> None:
         variable = _env(flags[0])
-        raw = os.environ.get(variable)
-        if raw is not None:
-            try:
-                default = convert(raw)
-            except (argparse.ArgumentTypeError, ValueError) as exc:
-                default = _EnvProblem(f"environment variable {variable}: {exc}")
-            else:
-                if "choices" in kwargs and default not in kwargs["choices"]:
-                    default = _EnvProblem(
-                        f"environment variable {variable}: {raw!r} is not one of "
-                        f"{', '.join(kwargs['choices'])}")
-        self.parser.add_argument(
-            *flags, default=default, type=convert, help=f"{help} [env {variable}]", **kwargs
+        action = self.parser.add_argument(
+            *flags, default=UNSET, type=convert, help=f"{help} [env {variable}]", **kwargs
         )
+        self.parser.options.append(Option(
+            key=flags[0].lstrip("-"), dest=action.dest, variable=variable, default=default,
+            convert=convert, choices=kwargs.get("choices")))
 
 
 def _bool(text: str) -> bool:
@@ -252,7 +247,7 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
 
 
-def _add_node_flags(parser: argparse.ArgumentParser) -> None:
+def _add_node_flags(parser: OneLineParser) -> None:
     env = _EnvDefaults(parser)
     env.add("--backend", default="auto", choices=BACKEND_CHOICES,
             help="device discovery backend; auto picks what the node has")
@@ -269,14 +264,21 @@ def _add_node_flags(parser: argparse.ArgumentParser) -> None:
             help="extended resource name advertised in single mode")
 
 
-def _add_common_flags(parser: argparse.ArgumentParser) -> None:
+def _add_common_flags(parser: OneLineParser) -> None:
     env = _EnvDefaults(parser)
     env.add("--log-level", default="info", choices=("debug", "info", "warning", "error"),
             help="log verbosity")
     env.add("--log-format", default="text", choices=("text", "json"), help="log line format")
 
 
-def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
+def _add_config_flag(parser: OneLineParser) -> None:
+    _EnvDefaults(parser).add(
+        "--config", default=None, convert=Path, metavar="FILE",
+        help="YAML file of settings, keyed by these flags' names without dashes (a flag or "
+             "variable wins over the file)")
+
+
+def _add_serve_flags(parser: OneLineParser) -> None:
     env = _EnvDefaults(parser)
     env.add("--device-plugin-dir", default=DEFAULT_DIR, convert=Path,
             help="kubelet device-plugin directory (holds kubelet.sock)")
@@ -352,20 +354,24 @@ def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
     env.add("--metrics-address", default="0.0.0.0", help="address for the metrics port")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> OneLineParser:
     parser = OneLineParser(
         prog="accelerator-device-plugin",
         description="Kubernetes device plugin for FPGA accelerators, for every kubelet API "
         "generation (v1alpha1, v1alpha2, v1beta1).",
     )
+    parser.add_argument("--version", action="version",
+                        version=f"accelerator-device-plugin {VERSION}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 
     serve = commands.add_parser("serve", help="register with the kubelet and serve devices")
+    _add_config_flag(serve)
     _add_node_flags(serve)
     _add_serve_flags(serve)
     _add_common_flags(serve)
 
     discover = commands.add_parser("discover", help="print the devices that would be served")
+    _add_config_flag(discover)
     _add_node_flags(discover)
     _add_common_flags(discover)
     discover.add_argument("--json", dest="json_output", action="store_true",
@@ -392,9 +398,14 @@ def parse(argv: Sequence[str] | None = None) -> Settings:
     parser = build_parser()
     ns = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     command = parser.commands[ns.command]
-    for value in vars(ns).values():
-        if isinstance(value, _EnvProblem):
-            command.error(value.message)
+    readers = {name: sub for name, sub in parser.commands.items()
+               if any(o.key == CONFIG_KEY for o in sub.options)}
+    try:
+        origins = resolve(ns, command.options,
+                          {o.key: o for sub in readers.values() for o in sub.options},
+                          list(readers), os.environ)
+    except SettingError as exc:
+        command.error(str(exc))
     values = {k: v for k, v in vars(ns).items() if k in Settings.__dataclass_fields__}
     default = RetryPolicy()
     retry = RetryPolicy(
@@ -404,7 +415,7 @@ def parse(argv: Sequence[str] | None = None) -> Settings:
     )
     if ns.command == "healthcheck" and ns.heartbeat_file is None:
         command.error("needs --heartbeat-file (or ACCELERATOR_DP_HEARTBEAT_FILE)")
-    settings = Settings(retry=retry, **values)
+    settings = Settings(retry=retry, origins=origins, **values)
     problem = settings_problem(settings)
     if problem:
         command.error(problem)

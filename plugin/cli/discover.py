@@ -3,7 +3,10 @@
 The first thing an operator runs on a node where pods do not get their FPGA, so every
 column answers a support question: which ID the kubelet sees, which driver found it, which
 node the container gets, where it sits (NUMA), what is loaded (an Intel port's AFU ID, an
-Alveo card's shell, an AWS slot's application function IDs) and what is wrong.
+Alveo card's shell, an AWS slot's application function IDs) and what is wrong. Below the
+table (or under ``settings`` in JSON), the settings not at their defaults and where each came
+from (a flag, a variable, the config file), since a setting nobody remembers making is the
+other usual answer.
 """
 
 from __future__ import annotations
@@ -11,14 +14,18 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+from plugin.cli.sources import Origin, as_json, describe
 from plugin.model.devices import Device
 
 COLUMNS = ("ID", "BACKEND", "DRIVER", "NODE", "NUMA", "LOADED", "HEALTH", "WHY")
 NONE = "-"
 
 
-def render_table(devices: Sequence[Device]) -> str:
-    """Aligned columns, one line per device; a line saying so when there are none."""
+def render_table(devices: Sequence[Device], origins: Sequence[Origin] = ()) -> str:
+    """Aligned columns, one line per device; a line saying so when there are none.
+
+    A last line, after a blank one, names the settings given and where from, if any were.
+    """
     rows = [_cells(d) for d in devices]
     widths = [max(len(r[i]) for r in [COLUMNS, *rows]) for i in range(len(COLUMNS))]
 
@@ -28,12 +35,16 @@ def render_table(devices: Sequence[Device]) -> str:
     lines = [line(COLUMNS), *(line(r) for r in rows)]
     if not rows:
         lines.append("(no accelerators found)")
+    if origins:
+        lines += ["", describe(origins)]
     return "\n".join(lines)
 
 
-def render_json(devices: Sequence[Device]) -> str:
-    """A JSON array, one object per device, with every attribute discovery kept."""
-    return json.dumps([_record(d) for d in devices], indent=2)
+def render_json(devices: Sequence[Device], origins: Sequence[Origin] = ()) -> str:
+    """``devices``: one object per device, with every attribute discovery kept;
+    ``settings``: each setting not at its default, its value and where it came from."""
+    return json.dumps({"devices": [_record(d) for d in devices],
+                       "settings": as_json(origins)}, indent=2)
 
 
 def _cells(device: Device) -> tuple[str, ...]:

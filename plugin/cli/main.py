@@ -75,7 +75,8 @@ def discover(settings: Settings) -> int:
 
     backend = _backend(settings)
     devices = list(asyncio.run(DeviceMonitor(backend, rescan_interval=1.0).scan()))
-    print(render_json(devices) if settings.json_output else render_table(devices))
+    render = render_json if settings.json_output else render_table
+    print(render(devices, settings.origins))
     return 0
 
 

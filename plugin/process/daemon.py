@@ -20,6 +20,7 @@ from pathlib import Path
 
 from api_versions.negotiate import KUBELET_SOCKET, adapters
 from plugin.cli.config import Settings
+from plugin.cli.sources import describe
 from plugin.discovery.backends.base import Backend
 from plugin.discovery.monitor import DeviceMonitor, TriggerSource
 from plugin.model.devices import DeviceSet
@@ -33,6 +34,7 @@ from plugin.process.supervise import MAX_DELAY, supervise
 from plugin.process.ticks import sleep_to_tick
 from plugin.serving.cdi import CdiPolicy, SpecWriter
 from plugin.serving.deviceplugin.server import ResourceServer, Timing
+from plugin.version import VERSION
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +94,9 @@ class Daemon:
     async def _serve_until_stopped(self) -> int:
         self._enable_metrics()
         metrics.follow_node_api([api.short_name for api in NodeApi], self._node_api)
-        log.info("starting: backend %s, generations %s, directory %s", self.backend.name,
-                 ",".join(a.name for a in self.candidates), self.directory)
+        log.info("starting: version %s, backend %s, generations %s, directory %s; %s", VERSION,
+                 self.backend.name, ",".join(a.name for a in self.candidates), self.directory,
+                 describe(self.settings.origins))
         monitor = DeviceMonitor(self.backend, self.settings.rescan_interval, self.triggers,
                                 health_interval=self.settings.health_interval,
                                 stall_timeout=self.settings.scan_stall_timeout)

@@ -211,7 +211,8 @@ def test_runtime_help_and_discover(image):
     found = run_in_image(image, "accelerator-device-plugin", "discover", "--backend", "units",
                          "--accel-nbunits", "3")
     assert found.returncode == 0, found.stderr
-    rows = [line.split() for line in found.stdout.splitlines()[1:] if line.strip()]
+    table = found.stdout.split("\n\n")[0]  # the settings given follow a blank line
+    rows = [line.split() for line in table.splitlines()[1:]]
     assert [r[0] for r in rows] == ["0", "1", "2"]
     assert all("Healthy" in r for r in rows)
 
