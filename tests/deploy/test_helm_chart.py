@@ -232,3 +232,17 @@ def test_a_config_change_rolls_the_pods_and_nothing_else_does():
     assert _checksum(render({"config": {"log-level": "debug"}})) != default
     # Not a setting of the plugin: the pods roll for it through the pod spec, not the file.
     assert _checksum(render({"resources": {"limits": {"memory": "200Mi"}}})) == default
+
+
+def test_a_values_file_with_a_wrong_value_is_refused_naming_it(tmp_path):
+    """As `helm install -f`: the file is read by Helm's own values parser."""
+    import helm_python
+
+    values_file = tmp_path / "values.yaml"
+    values_file.write_text(
+        "nodePools:\n  - name: intel\n    nodeSelector: {vendor: intel}\n"
+        "    config:\n      backend: intel\n      device-list-strategy: cdi-only\n")
+    values = helm_python.values_from_yaml(values_file.read_text())
+    with pytest.raises(HelmRefused, match=r"at '/nodePools/0/config/device-list-strategy': "
+                                          r"value must be one of"):
+        render(values)
