@@ -39,7 +39,8 @@ from compat_tests.apiserver import models, pipeline
 
 OLD_RELEASE = "1.24.1"
 OLD_VERSIONS = [f"1.{minor}" for minor in range(11, 25)]
-KINDS = ("daemonset-apps-v1", "pod-v1", "serviceaccount-v1")
+# The Helm chart also renders a ConfigMap and a Service on 1.21 and later.
+KINDS = ("daemonset-apps-v1", "pod-v1", "serviceaccount-v1", "configmap-v1", "service-v1")
 
 
 def installed_versions() -> list[str]:
@@ -68,14 +69,15 @@ def fetch_old_schemas() -> Path:
     never a file another one is still writing."""
     root = cache_root()
     marker = root / ".complete"
-    if marker.exists():
+    wanted = " ".join((OLD_RELEASE, *KINDS)) + "\n"
+    if marker.exists() and marker.read_text() == wanted:
         return root
     root.parent.mkdir(parents=True, exist_ok=True)
     with open(root.parent / f"{root.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not marker.exists():
+        if not (marker.exists() and marker.read_text() == wanted):
             _fetch_old_schemas(root)
-            marker.write_text(OLD_RELEASE + "\n")
+            marker.write_text(wanted)
     return root
 
 
