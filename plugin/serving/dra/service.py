@@ -119,6 +119,11 @@ class DraNodeService:
     def serving(self) -> bool:
         return self._server is not None
 
+    @property
+    def waiting_for(self) -> SocketHeld | None:
+        """The other live instance serving our socket path, while this one waits for it."""
+        return self._waiting_for if self._server is None else None
+
     async def start(self) -> None:
         """Start serving in the background (returns at once; see :meth:`wait_serving`)."""
         if self._task is None:
