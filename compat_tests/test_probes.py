@@ -250,3 +250,21 @@ async def test_dra_readyz_follows_the_pool(bench):
     await bench.published(serve)
     body = await answers(serve, port, "/readyz", 200, "the pool of node node-a is published")
     assert f"driver {DRIVER}" in body
+
+
+async def test_a_dra_newcomer_waiting_for_the_socket_is_live_and_ready(bench, tmp_path):
+    """Before, its self-check failed while it waited, so its heartbeat was never written:
+    the exec probe failed too, and a rolling update never got past it."""
+    first = await bench.up()
+    port, heartbeat = free_port(), tmp_path / "second-heartbeat"
+    second = bench.serve(bench.kubeconfig(), name="second", extra=[
+        *probe_flags(port), "--heartbeat-file", str(heartbeat)])
+    await second.wait_for_log(lambda e: "Waiting for it to stop" in e.get("message", ""),
+                              what="the newcomer waiting for the socket")
+    await answers(second, port, "/livez", 200)
+    await answers(second, port, "/readyz", 200, f"served by process {first.pid}")
+    await until(heartbeat.exists, "the newcomer's heartbeat written", SETTLE)
+    assert await asyncio.to_thread(healthcheck, heartbeat) == 0
+    assert await first.terminate() == 0
+    await answers(second, port, "/readyz", 200, "is published")
+
