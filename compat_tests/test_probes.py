@@ -24,6 +24,7 @@ import pytest
 
 from compat_tests.dra_support import until
 from compat_tests.plugin_process import PluginProcess, run_at_start_up
+from compat_tests.test_dra_auto import cluster, mapped_node
 from compat_tests.test_dra_faults import DRIVER, Bench
 from compat_tests.test_matrix import RESOURCE, SETTLE, assert_serves_units
 from plugin.version import VERSION
@@ -268,3 +269,18 @@ async def test_a_dra_newcomer_waiting_for_the_socket_is_live_and_ready(bench, tm
     assert await first.terminate() == 0
     await answers(second, port, "/readyz", 200, "is published")
 
+
+
+async def test_under_auto_readyz_answers_for_the_api_the_node_is_served_through(
+        cluster, sockdir, logdir, tmp_path):
+    port = free_port()
+    async with mapped_node(cluster, sockdir, logdir, tmp_path, "1.33",
+                           *probe_flags(port)) as (node, serve, _):
+        await answers(serve, port, "/readyz", 200, f"{RESOURCE}: registered through v1beta1")
+        await node.boot("1.36")  # DRA now: the device plugin is withdrawn, slices published
+        await answers(serve, port, "/readyz", 200, "the pool of node node-a is published")
+        await node.boot("1.33")
+        await answers(serve, port, "/readyz", 200, f"{RESOURCE}: registered through v1beta1")
+
+
+__all__ = ["cluster"]  # a fixture, used by name
