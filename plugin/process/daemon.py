@@ -17,6 +17,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from api_versions.negotiate import KUBELET_SOCKET, adapters
 from plugin.cli.config import Settings
@@ -29,13 +30,15 @@ from plugin.process import metrics
 from plugin.process.dirwatch import Change, DirectoryWatcher
 from plugin.process.dra_side import DraSide, NodeApi
 from plugin.process.liveness import Heartbeat, Verdict
-from plugin.process.probe_server import ProbeServer, on_loop
 from plugin.process.readiness import node_readiness
 from plugin.process.signals import Meaning, SignalRouter, name_of
 from plugin.process.supervise import MAX_DELAY, supervise
 from plugin.process.ticks import sleep_to_tick
 from plugin.serving.cdi import CdiPolicy, SpecWriter
 from plugin.serving.deviceplugin.server import ResourceServer, Timing
+
+if TYPE_CHECKING:
+    from plugin.process.probe_server import ProbeServer
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +124,8 @@ class Daemon:
         if self.settings.heartbeat_file is not None or self.probes is not None:
             loops["liveness heartbeat"] = self._heartbeat
         if self.probes is not None:
+            from plugin.process.probe_server import on_loop  # http.server: only when asked
+
             self.probes.start(self.heartbeat.verdict,
                               on_loop(asyncio.get_running_loop(), self.readiness))
         tasks = [
