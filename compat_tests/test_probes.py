@@ -245,8 +245,8 @@ async def test_dra_readyz_follows_the_pool(bench):
     port = free_port()
     serve = bench.serve(bench.kubeconfig(), extra=probe_flags(port))
     await answers(serve, port, "/livez", 200)
-    body = await answers(serve, port, "/readyz", 503, "the pool of node node-a is not published")
-    assert 'cannot create resource "resourceslices"' in body or "not published yet" in body
+    body = await answers(serve, port, "/readyz", 503, 'cannot create resource "resourceslices"')
+    assert body.startswith("failing: the pool of node node-a is not published: "), body
     bench.api.faults.allow("create", "resourceslices")
     await bench.published(serve)
     body = await answers(serve, port, "/readyz", 200, "the pool of node node-a is published")
