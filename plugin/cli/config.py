@@ -68,6 +68,8 @@ class Settings:
     heartbeat_max_age: float = 60.0
     metrics_port: int | None = None
     metrics_address: str = "0.0.0.0"
+    probe_port: int | None = None
+    probe_address: str = "0.0.0.0"
     log_level: str = "info"
     log_format: str = "text"
     json_output: bool = False
@@ -352,6 +354,13 @@ def _add_serve_flags(parser: OneLineParser) -> None:
     env.add("--metrics-port", default=None, convert=_port,
             help="serve Prometheus metrics on this port (off by default)")
     env.add("--metrics-address", default="0.0.0.0", help="address for the metrics port")
+    env.add("--probe-port", default=None, convert=_port,
+            help="answer GET /livez, /healthz and /readyz over HTTP on this port, for the "
+                 "kubelet's httpGet probes (off by default)")
+    env.add("--probe-address", default="0.0.0.0", help="address for the probe port")
+    env.add("--heartbeat-max-age", default=60.0, convert=MAX_AGE,
+            help="oldest self-check /livez accepts, in seconds, as healthcheck does "
+                 f"({MAX_AGE.describe()})")
 
 
 def build_parser() -> OneLineParser:
@@ -447,7 +456,22 @@ def settings_problem(settings: Settings) -> str | None:
         return (f"--api {settings.api} needs --node-name (or NODE_NAME from the downward "
                 "API): slices and claims are per node")
     if settings.command == "serve":
-        return socket_path_problem(settings)
+        return probe_problem(settings) or socket_path_problem(settings)
+    return None
+
+
+def probe_problem(settings: Settings) -> str | None:
+    """The probe port shares nothing with the metrics port, and /livez needs room for a
+    self-check to come round before it counts the last one as too old."""
+    if settings.probe_port is None:
+        return None
+    if settings.probe_port == settings.metrics_port:
+        return (f"--probe-port and --metrics-port are both {settings.probe_port}; give the "
+                "probes a port of their own")
+    if settings.heartbeat_max_age < 2 * settings.heartbeat_interval:
+        return (f"--heartbeat-max-age {settings.heartbeat_max_age:g} must be at least twice "
+                f"--heartbeat-interval {settings.heartbeat_interval:g}, or /livez fails "
+                "between two self-checks")
     return None
 
 

@@ -7,11 +7,15 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from plugin.cli.config import Settings, parse
 from plugin.discovery.backends import BackendConfig, make_backend, missing_roots
 from plugin.discovery.backends.base import Backend
 from plugin.process.logs import configure
+
+if TYPE_CHECKING:
+    from plugin.process.probe_server import ProbeServer
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +68,28 @@ def serve(settings: Settings) -> int:
     from plugin.discovery.triggers import triggers_for
     from plugin.process.daemon import Daemon
 
+    probes = _probe_port(settings)
     backend = _backend(settings)
-    daemon = Daemon(settings, backend, triggers=triggers_for(backend), owns_process=True)
+    daemon = Daemon(settings, backend, triggers=triggers_for(backend), owns_process=True,
+                    probes=probes)
     return asyncio.run(daemon.run())
+
+
+def _probe_port(settings: Settings) -> ProbeServer | None:
+    """The probe port, bound now: one the process cannot listen on ends the start (exit 2)
+    rather than leave a pod whose probes can never pass, unlike the metrics port, whose
+    loss costs only metrics."""
+    if settings.probe_port is None:
+        return None
+    from plugin.process.probe_server import bind
+
+    try:
+        return bind(settings.probe_address, settings.probe_port)
+    except OSError as exc:
+        print(f"accelerator-device-plugin serve: error: --probe-port {settings.probe_port}: "
+              f"cannot listen on {settings.probe_address}:{settings.probe_port}: "
+              f"{exc.strerror or exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def discover(settings: Settings) -> int:

@@ -1,12 +1,12 @@
 """The ``serve`` process: discovery feeds resources, each resource keeps a server registered.
 
 Owns the few node-wide loops (device monitor, kubelet-directory watcher, safety-net checks,
-liveness heartbeat, signals) and one :class:`~plugin.serving.deviceplugin.server.ResourceServer`
-per resource name. Every loop runs supervised (:mod:`plugin.process.supervise`): one that fails
-or ends is logged and restarted, never left dead while the process looks healthy. Resources
-appear and disappear with the devices (per-AFU mode); in single mode there is always exactly
-one, even with zero devices, so the kubelet sees a count of 0 rather than a plugin that never
-registered.
+liveness heartbeat, signals), the HTTP probes (:mod:`plugin.process.probe_server`) and one
+:class:`~plugin.serving.deviceplugin.server.ResourceServer` per resource name. Every loop runs
+supervised (:mod:`plugin.process.supervise`): one that fails or ends is logged and restarted,
+never left dead while the process looks healthy. Resources appear and disappear with the
+devices (per-AFU mode); in single mode there is always exactly one, even with zero devices, so
+the kubelet sees a count of 0 rather than a plugin that never registered.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from api_versions.negotiate import KUBELET_SOCKET, adapters
 from plugin.cli.config import Settings
@@ -29,12 +30,17 @@ from plugin.model.resources import group_by_resource, socket_name_for
 from plugin.process import metrics
 from plugin.process.dirwatch import Change, DirectoryWatcher
 from plugin.process.dra_side import DraSide, NodeApi
+from plugin.process.liveness import Heartbeat, Verdict
+from plugin.process.readiness import node_readiness
 from plugin.process.signals import Meaning, SignalRouter, name_of
 from plugin.process.supervise import MAX_DELAY, supervise
 from plugin.process.ticks import sleep_to_tick
 from plugin.serving.cdi import CdiPolicy, SpecWriter
 from plugin.serving.deviceplugin.server import ResourceServer, Timing
 from plugin.version import VERSION
+
+if TYPE_CHECKING:
+    from plugin.process.probe_server import ProbeServer
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +63,9 @@ class Daemon:
     """True for the ``serve`` command: every signal is handled (see :mod:`plugin.process.signals`)
     and, once stopped, ignored until the process has exited. In-process users (tests, the
     demo) only lend their stop signals, and get their own handlers back afterwards."""
+    probes: ProbeServer | None = None
+    """The probe port, bound before the daemon starts (``--probe-port``); answered from
+    :meth:`run` on, closed when it returns."""
 
     def __post_init__(self) -> None:
         if self.timing.watcher_wait != self.settings.watcher_wait:
@@ -72,6 +81,9 @@ class Daemon:
         self._last_node: DeviceSet | None = None
         self._counted: set[str] = set()
         """Resource names the device metrics were last set for (a vanished one goes to 0)."""
+        self._wanted: frozenset[str] | None = None
+        """Resource names of the last device set published (None: none yet)."""
+        self.heartbeat = Heartbeat(self.settings.heartbeat_max_age)
         self.dra_side = DraSide(self.settings, self._cdi, self._stop.is_set,
                                 self._withdraw_all, self._publish_again) \
             if dra and self._cdi is not None else None
@@ -112,8 +124,13 @@ class Daemon:
             "kubelet directory watcher": self._watch_kubelet_dir,
             "kubelet safety-net check": self._safety_net,
         }
-        if self.settings.heartbeat_file is not None:
+        if self.settings.heartbeat_file is not None or self.probes is not None:
             loops["liveness heartbeat"] = self._heartbeat
+        if self.probes is not None:
+            from plugin.process.probe_server import on_loop  # http.server: only when asked
+
+            self.probes.start(self.heartbeat.verdict,
+                              on_loop(asyncio.get_running_loop(), self.readiness))
         tasks = [
             asyncio.create_task(supervise(
                 name, body, finished=self._stop.is_set, max_delay=MAX_DELAYS.get(name, MAX_DELAY),
@@ -134,6 +151,8 @@ class Daemon:
             await self._drain()
             if self.dra_side is not None:
                 await self.dra_side.close()
+            if self.probes is not None:
+                await asyncio.to_thread(self.probes.close)
         log.info("stopped; sockets removed")
         return 0
 
@@ -145,6 +164,7 @@ class Daemon:
             self.settings.resource_prefix,
         )
         self._last_node = node
+        self._wanted = frozenset(groups)
         for name, devices in groups.items():
             metrics.devices(name, devices)
         for name in self._counted - groups.keys():
@@ -273,20 +293,33 @@ class Daemon:
                 self.dra_side.kick()
 
     async def _heartbeat(self) -> None:
-        """Touch the heartbeat file only after every live socket answered a real gRPC call."""
+        """After every live socket answered a real gRPC call, say so: to /livez (every
+        round's outcome) and by touching the heartbeat file (the rounds that passed)."""
         path = self.settings.heartbeat_file
-        assert path is not None
         while True:
-            results = [await r.server.self_check() for r in list(self.resources.values())]
-            if self.dra_side is not None:
-                results.append(await self.dra_side.self_check())
-            if all(results):
+            failed = [name for name, resource in list(self.resources.items())
+                      if not await resource.server.self_check()]
+            if self.dra_side is not None and not await self.dra_side.self_check():
+                failed.append(f"DRA driver {self.settings.dra_driver_name}")
+            self.heartbeat.record(failed)
+            if not failed and path is not None:
                 try:
                     path.parent.mkdir(parents=True, exist_ok=True)
                     path.write_text(f"{time.time():.3f}\n")
                 except OSError as exc:
                     log.warning("cannot write heartbeat %s: %s", path, exc)
             await sleep_to_tick(self.settings.heartbeat_interval)
+
+    def readiness(self) -> Verdict:
+        """``/readyz``: live, and the node served through the API it is served through now
+        (see :mod:`plugin.process.readiness`). Runs on the event loop."""
+        if self._stop.is_set():
+            return Verdict(False, "stopping")
+        live = self.heartbeat.verdict()
+        if not live.ok:
+            return Verdict(False, f"not live: {live.why}")
+        servers = {name: r.server.readiness for name, r in self.resources.items()}
+        return node_readiness(self._wanted, servers, self.dra_side)
 
     def _enable_metrics(self) -> None:
         """Metrics are a convenience: a port already taken must not stop device serving."""

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import platform
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from plugin.model.devices import DeviceSet, Health
+from plugin.version import VERSION
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +67,11 @@ class _Prometheus:
             "dra_slice_publications", "Times the node's pool was written to the API server "
             "(a new pool generation).", ["driver"], namespace=NAMESPACE,
         )
+        build_info = prom.Gauge(
+            "build_info", "Always 1; the labels say which build runs: its version and the "
+            "Python it runs on.", ["version", "python"], namespace=NAMESPACE,
+        )
+        build_info.labels(VERSION, platform.python_version()).set(1)
         self.server: Any
         self.server, _thread = prom.start_http_server(port, addr=address)
         log.info("metrics on http://%s:%d/metrics", address or "0.0.0.0", self.port)

@@ -265,6 +265,23 @@ class ResourceServer(SocketLifecycle, KubeletSocketChannel, WatcherChannel):
                          KUBELET_SOCKET)
                 self._restart.set()
 
+    def readiness(self) -> tuple[bool, str]:
+        """Whether the kubelet running now holds this resource, and in a few words why.
+
+        Registered with a kubelet that has since gone (its ``kubelet.sock`` removed or made
+        anew) is not ready. Waiting for another live instance to release the socket is: that
+        instance serves the node meanwhile, and during a rolling update with surge the old
+        pod is only stopped once the new one is ready.
+        """
+        if self._waited_for is not None and self._server is None:
+            return True, (f"{self._waited_for}; this instance takes over when it stops")
+        if self.generation is None:
+            return False, "not registered with the kubelet"
+        if identity(self.directory / KUBELET_SOCKET) != self._registered_with:
+            return False, (f"registered through {self.generation} with a kubelet that is "
+                           "gone; waiting for the next one")
+        return True, f"registered through {self.generation}"
+
     def _now_registered(self, adapter: Adapter) -> None:
         self.generation = adapter.name
         self.registrations += 1

@@ -79,6 +79,11 @@ class SlicePublisher:
         """What kind of failure was said last (None: publishing works)."""
         self.publications = 0
         """How many times the pool was (re)published: for status lines and tests."""
+        self.in_sync: bool | None = None
+        """Whether the last reconciliation wrote (or found) the slices as the devices are;
+        None before the first one ended. Read by the readiness probe."""
+        self.problem: str | None = None
+        """Why the last reconciliation failed (None: it did not)."""
 
     @property
     def generation(self) -> int:
@@ -144,6 +149,7 @@ class SlicePublisher:
                 self._wanted.set()
                 continue
             metrics.dra_slices(self.driver, True)
+            self.in_sync, self.problem = True, None
             if self._state is not None:
                 log.info("the API server answers again; the devices of %s are published",
                          self.node)
@@ -283,6 +289,7 @@ class SlicePublisher:
         (a refused connection, then a connect timeout, during one outage). Every failure to
         publish comes through here, so it is also where the slices are counted out of sync."""
         metrics.dra_slices(self.driver, False)
+        self.in_sync, self.problem = False, message
         state = (type(failure), failure.status)
         if state != self._state:
             self._state = state

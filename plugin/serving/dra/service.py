@@ -119,6 +119,11 @@ class DraNodeService:
     def serving(self) -> bool:
         return self._server is not None
 
+    @property
+    def waiting_for(self) -> SocketHeld | None:
+        """The other live instance serving our socket path, while this one waits for it."""
+        return self._waiting_for if self._server is None else None
+
     async def start(self) -> None:
         """Start serving in the background (returns at once; see :meth:`wait_serving`)."""
         if self._task is None:
@@ -311,9 +316,13 @@ class DraNodeService:
             metrics.registered(self.driver, service.name, SERVICE_NAMES)
 
     async def self_check(self, timeout: float = 2.0) -> bool:
-        """A real gRPC round trip over our own socket (for the liveness heartbeat)."""
+        """A real gRPC round trip over our own socket (for the liveness heartbeat).
+
+        Waiting for another instance to release the socket (a rolling update) is not a
+        failure: there is nothing of ours to check, and failing it kept the newcomer from
+        ever passing its probes, so the old instance was never stopped."""
         if self._server is None:
-            return False
+            return self._waiting_for is not None
         target = f"unix://{self.socket_path.absolute()}"
         try:
             async with grpc.aio.insecure_channel(target) as channel:
