@@ -130,13 +130,13 @@ def test_a_key_only_serve_has_is_checked_but_not_applied_by_discover(tmp_path,
     assert "line 2" in line and "'register-timeout'" in line and "not a finite number" in line
 
 
-def test_a_key_no_reading_command_has_is_refused(tmp_path, capsys) -> None:
-    # healthcheck reads no file: its own setting there would be silently never applied.
+def test_a_healthcheck_setting_in_the_file_is_serves_too(tmp_path) -> None:
+    # heartbeat-max-age was healthcheck's alone; serve's /livez now judges by it as well, so
+    # the file sets it for serve (healthcheck itself reads no file).
     config = write(tmp_path, "heartbeat-max-age: 30\n")
-    line = refused(["serve", "--config", str(config)], capsys)
-    assert line.startswith("accelerator-device-plugin serve: error: ")
-    assert f"config file {config}, line 1, key 'heartbeat-max-age'" in line
-    assert "not a setting of serve or discover" in line
+    settings = parse(["serve", "--config", str(config)])
+    assert settings.heartbeat_max_age == 30
+    assert source(settings, "heartbeat-max-age") == f"file {config} (heartbeat-max-age)"
 
 
 # --- refusals: one line, naming the file, the line and the key ------------------------------
