@@ -11,6 +11,8 @@ test_deploy_manifests.py.
 from __future__ import annotations
 
 import itertools
+import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ from deploy_support import (
     COMPONENTS_DIR,
     KUSTOMIZATIONS,
     OVERLAY_COMPONENTS,
+    REPO,
     container,
     daemonset,
     env,
@@ -274,9 +277,36 @@ def test_transformer_fails_the_build_without_a_policy(kubectl, tmp_path):
     assert "ServiceAccount" in done.stderr
 
 
-def test_the_guides_renamed_install_is_the_one_checked_here():
-    """docs/deploying.md shows MOVED's lines to users who move the install."""
-    guide = (Path(__file__).resolve().parents[2] / "docs" / "deploying.md").read_text()
-    assert "deploy/transformers/follow-namespace-and-prefix" in guide
-    for line in ("namespace: accelerators", "namePrefix: pool-a-"):
-        assert line in guide
+def _guide_kustomization(heading: str, tmp_path: Path) -> Path:
+    """The first kustomization shown after ``heading`` in docs/deploying.md, with its
+    `../k8s-accelerator-devplugin/` paths pointing at this tree, written to ``tmp_path``."""
+    guide = (REPO / "docs" / "deploying.md").read_text()
+    block = re.search(r"```yaml\n(.*?)```", guide[guide.index(heading):], re.S)
+    assert block, f"no kustomization after {heading!r}"
+    text = block[1].replace("../k8s-accelerator-devplugin/",
+                            os.path.relpath(REPO, tmp_path) + "/")
+    assert text != block[1]
+    (tmp_path / "kustomization.yaml").write_text(text)
+    return tmp_path
+
+
+def test_the_guides_install_example_renders(kubectl, tmp_path, rendered):
+    objects = render(kubectl, _guide_kustomization("**With kustomize.**", tmp_path))
+    assert container(objects)["image"] == "registry.example.com/k8s-accelerator-devplugin:0.1.0"
+    values = env(objects)
+    assert values["ACCELERATOR_DP_BACKEND"] == "intel"
+    assert values["ACCELERATOR_DP_CDI"] == "true"
+    assert values["ACCELERATOR_DP_REGISTRATION"] == "auto"
+    assert values["ACCELERATOR_DP_METRICS_PORT"] == "8080"
+
+
+def test_the_guides_renamed_install_is_the_one_checked_here(kubectl, tmp_path):
+    """docs/deploying.md's example for another namespace and prefix renders what the tests
+    above check: the policy on exactly the renamed account."""
+    objects = render(kubectl, _guide_kustomization("### Another namespace, a name prefix",
+                                                   tmp_path))
+    account = one(objects, "ServiceAccount")["metadata"]
+    assert account["namespace"] != "kube-system" and account["name"] != "accelerator-device-plugin"
+    (user,) = set(_bound_accounts(objects).values())
+    assert _policy_user(objects) == user
+    assert MOVED.split("transformers:")[0].strip() in (REPO / "docs" / "deploying.md").read_text()
