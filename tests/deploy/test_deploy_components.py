@@ -310,3 +310,27 @@ def test_the_guides_renamed_install_is_the_one_checked_here(kubectl, tmp_path):
     (user,) = set(_bound_accounts(objects).values())
     assert _policy_user(objects) == user
     assert MOVED.split("transformers:")[0].strip() in (REPO / "docs" / "deploying.md").read_text()
+
+
+def test_two_pools_are_two_daemonsets_that_keep_to_their_own_pods(kubectl, tmp_path):
+    """The guide's two hardware pools: distinct names, disjoint selectors, each metrics
+    Service selecting its own pool's pods only, and no object rendered twice."""
+    pools = {}
+    for pool, backend, extra in (("a", "intel", ("metrics", "monitoring")),
+                                 ("b", "alveo", ("metrics",))):
+        pools[pool] = render(kubectl, write_kustomization(
+            tmp_path / pool, (backend, *extra),
+            f"namePrefix: pool-{pool}-\nlabels:\n  - pairs: {{accelerators.b-com.com/pool: "
+            f"{pool}}}\n    includeSelectors: true\n"))
+    ids = [(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"])
+           for objects in pools.values() for o in objects]
+    assert len(ids) == len(set(ids))
+    pod_labels = {p: daemonset(o)["spec"]["template"]["metadata"]["labels"]
+                  for p, o in pools.items()}
+    for pool, objects in pools.items():
+        selector = one(objects, "Service")["spec"]["selector"]
+        assert [p for p, labels in pod_labels.items()
+                if selector.items() <= labels.items()] == [pool]
+        match = daemonset(objects)["spec"]["selector"]["matchLabels"]
+        assert [p for p, labels in pod_labels.items() if match.items() <= labels.items()] == \
+            [pool]
