@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from deploy_support import KUSTOMIZATIONS, render
+from deploy_support import COMBINATIONS, KUSTOMIZATIONS, render, write_kustomization
 from k8s_schemas import (
     OLD_VERSIONS,
     SchemaSet,
@@ -31,8 +31,14 @@ def kubectl() -> str:
 
 
 @pytest.fixture(scope="session")
-def rendered(kubectl: str) -> dict[str, list[dict[str, Any]]]:
-    return {name: render(kubectl, path) for name, (path, _) in KUSTOMIZATIONS.items()}
+def rendered(kubectl: str, tmp_path_factory: pytest.TempPathFactory
+             ) -> dict[str, list[dict[str, Any]]]:
+    """Every shipped kustomization and every combination of COMBINATIONS, rendered."""
+    found = {name: render(kubectl, path) for name, (path, _) in KUSTOMIZATIONS.items()}
+    root = tmp_path_factory.mktemp("combinations")
+    for name, (components, _) in COMBINATIONS.items():
+        found[name] = render(kubectl, write_kustomization(root / name, components))
+    return found
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import hashlib
 import json
 import os
 import re
@@ -32,6 +33,7 @@ from typing import Any
 
 import jsonschema
 import kubernetes_validate
+import monitoring_schemas
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT4
 
@@ -39,8 +41,9 @@ from compat_tests.apiserver import models, pipeline
 
 OLD_RELEASE = "1.24.1"
 OLD_VERSIONS = [f"1.{minor}" for minor in range(11, 25)]
-# The Helm chart also renders a ConfigMap and a Service on 1.21 and later.
-KINDS = ("daemonset-apps-v1", "pod-v1", "serviceaccount-v1", "configmap-v1", "service-v1")
+KINDS = ("daemonset-apps-v1", "pod-v1", "serviceaccount-v1", "configmap-v1", "service-v1",
+         "clusterrole-rbac-v1", "clusterrolebinding-rbac-v1")
+"""The kinds the cache keeps of 1.11..1.24: those the manifests and the chart render there."""
 
 
 def installed_versions() -> list[str]:
@@ -58,7 +61,8 @@ def installed_dir(version: str) -> Path:
 
 def cache_root() -> Path:
     base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    return base / "k8s-accelerator-devplugin" / f"kubernetes-validate-{OLD_RELEASE}"
+    kinds = hashlib.sha256(" ".join(KINDS).encode()).hexdigest()[:8]
+    return base / "k8s-accelerator-devplugin" / f"kubernetes-validate-{OLD_RELEASE}-{kinds}"
 
 
 def fetch_old_schemas() -> Path:
@@ -161,13 +165,21 @@ def validate(obj: dict[str, Any], schemas: SchemaSet) -> list[str]:
 
 
 RESOURCE_GROUP = "resource.k8s.io"
+MONITORING_GROUP = "monitoring.coreos.com"
 
 
 def validate_or_fall_back(obj: dict[str, Any], schemas: SchemaSet) -> list[str]:
     """``validate``, or for a resource.k8s.io object without a schema in ``schemas``, what the
-    emulated API server of that minor would refuse (decoding and validation rules alike)."""
-    errors = validate(obj, schemas)
+    emulated API server of that minor would refuse (decoding and validation rules alike).
+    prometheus-operator's kinds, which no release has, are checked against its own schemas
+    (the same whatever the release)."""
     group = str(obj.get("apiVersion", "")).partition("/")[0]
+    if group == MONITORING_GROUP:
+        try:
+            return monitoring_schemas.validate(obj)
+        except monitoring_schemas.Unavailable as exc:
+            return [f"cannot check {obj['kind']}: {exc}"]
+    errors = validate(obj, schemas)
     if group != RESOURCE_GROUP or not (len(errors) == 1 and errors[0].startswith("no schema ")):
         return errors
     if schemas.version not in models.MODELS:

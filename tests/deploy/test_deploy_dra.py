@@ -27,6 +27,7 @@ from deploy_support import (
     env,
     env_from,
     minor,
+    one,
     pod_spec,
     render,
 )
@@ -71,11 +72,6 @@ DRA_ENV = {
 }
 DRA_MOUNTS = {REGISTRY_DIR: "Directory", DRA_STATE_DIR: "DirectoryOrCreate",
               CDI_DIR: "DirectoryOrCreate"}
-
-
-def one(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
-    (found,) = [o for o in objects if o["kind"] == kind]
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -268,7 +264,29 @@ def test_policy_matches_every_resourceslice_write_of_the_plugin_only(dra):
     assert rule["apiVersions"] == ["*"]
     assert spec["matchConstraints"].get("matchPolicy", "Equivalent") == "Equivalent"
     (condition,) = spec["matchConditions"]
-    assert condition["expression"] == f'request.userInfo.username == "{account(dra)}"'
+    assert matched_user(condition["expression"]) == account(dra)
+
+
+USER_CONDITION = re.compile(r'request\.userInfo\.username\s*==\s*((?:"[^"\\]*"\s*\+\s*)*"[^"\\]*")')
+
+
+def matched_user(expression: str) -> str:
+    """The one user name a match condition of the form `request.userInfo.username ==
+    "a" + "b" + ...` lets in. Any other shape fails: the evaluation is exact for this
+    shape and refuses to guess at others (the API server compiles the CEL itself)."""
+    found = USER_CONDITION.fullmatch(expression.strip())
+    assert found, f"not an exact user-name condition: {expression!r}"
+    return "".join(re.findall(r'"([^"\\]*)"', found[1]))
+
+
+def test_matched_user_reads_only_exact_user_name_conditions():
+    assert matched_user('request.userInfo.username == "system:a:" + "b"') == "system:a:b"
+    assert matched_user('request.userInfo.username == "x"') == "x"
+    for other in ('request.userInfo.username.endsWith(":x")',
+                  'request.userInfo.username == "a" || true',
+                  'request.userInfo.username != "a"'):
+        with pytest.raises(AssertionError):
+            matched_user(other)
 
 
 def test_policy_ties_each_slice_to_the_node_of_the_writers_token(dra):

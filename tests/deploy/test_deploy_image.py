@@ -285,6 +285,9 @@ def test_serve_heartbeat_drives_the_probe_and_fits_the_memory_limit(image, tmp_p
     limit = quantity(c["resources"]["limits"]["memory"]) / 1024
     print(f"serve VmRSS {serve_kib / 1024:.1f} MiB, healthcheck peak {probe_kib / 1024:.1f} MiB")
     assert request >= serve_kib, "the request must cover the steady state of serve"
-    # serve plus a liveness and a readiness probe at once, and a quarter more.
-    assert limit >= 1.25 * (serve_kib + 2 * probe_kib)
-    assert limit <= 4 * (serve_kib + 2 * probe_kib), "limit far above what was measured"
+    # The manifests' probes are HTTP GETs answered by serve: no probe process counts. Half
+    # as much again as serve, for DRA's larger working set and bursts; exec-probe users
+    # raise the limit by two healthcheck peaks (docs/deploying.md).
+    assert limit >= 1.5 * serve_kib
+    assert limit <= 4 * serve_kib, "limit far above what was measured"
+    assert 1.25 * (serve_kib + 2 * probe_kib) <= 160 * 1024, "the exec-probe advice is short"

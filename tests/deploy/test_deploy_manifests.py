@@ -9,8 +9,12 @@ from typing import Any
 import pytest
 from deploy_support import (
     CDI_DIR,
+    COMBINATIONS,
     DRA_STATE_DIR,
     KUSTOMIZATIONS,
+    METRICS_PORT,
+    PENDING_VARIABLES,
+    PROBE_PORT,
     REGISTRY_DIR,
     REPO,
     container,
@@ -19,6 +23,7 @@ from deploy_support import (
     env_from,
     load_yaml_file,
     minor,
+    parts,
     pod_spec,
     quantity,
 )
@@ -44,15 +49,27 @@ ALLOWED_HOST_PATHS = {
 CREATED_HOST_PATHS = {CDI_DIR, DRA_STATE_DIR}
 """Host paths the plugin may create: a node's runtime reads CDI specs there but need not
 have made the directory, and nobody but the DRA driver makes its own."""
-API_OVERLAYS = {"dra"}
-"""Kustomizations whose pods talk to the API server, and so may carry a ServiceAccount,
-RBAC and a policy; every other one is a DaemonSet alone."""
 DRA_KINDS = ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
              "ValidatingAdmissionPolicyBinding", "DaemonSet", "DeviceClass"]
 """What the dra overlay renders, in kustomize's order."""
+KINDS_OF = {
+    "serviceaccount": ["ServiceAccount"],
+    "dra": ["ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding", "DeviceClass"],
+    "events": ["ClusterRole", "ClusterRoleBinding"],
+    "metrics": ["Service"],
+    "monitoring": ["ServiceMonitor", "PrometheusRule"],
+}
+"""What each component adds besides its DaemonSet patch. Only the serviceaccount component
+(which dra brings) gives the pods an identity, and only dra and events grant it anything:
+without them the plugin never calls the API server."""
 
 
-ALL = sorted(KUSTOMIZATIONS)
+def oldest(name: str) -> str:
+    return COMBINATIONS[name][1] if name in COMBINATIONS else KUSTOMIZATIONS[name][1]
+
+
+ALL = sorted(KUSTOMIZATIONS) + sorted(COMBINATIONS)
 
 
 # --- (a) every kustomization renders to the objects we expect ------------------------------
@@ -61,16 +78,20 @@ ALL = sorted(KUSTOMIZATIONS)
 @pytest.mark.parametrize("name", ALL)
 def test_kustomization_renders_one_daemonset_in_kube_system(rendered, name):
     objects = rendered[name]
-    if name in API_OVERLAYS:
+    expected = ["DaemonSet"] + [k for c in sorted(parts(name)) for k in KINDS_OF.get(c, [])]
+    assert sorted(o["kind"] for o in objects) == sorted(expected), (
+        "no ServiceAccount, RBAC or anything else unless a component asks for it")
+    if name == "dra":
         # DRA: the pods publish ResourceSlices and read claims (tests/deploy/test_deploy_dra.py).
         assert [o["kind"] for o in objects] == DRA_KINDS
-    else:
-        assert [o["kind"] for o in objects] == ["DaemonSet"], (
-            "no ServiceAccount, RBAC or anything else: the plugin never calls the API server"
-        )
     ds = daemonset(objects)
     assert ds["apiVersion"] == "apps/v1"
     assert ds["metadata"]["namespace"] == "kube-system"
+    for obj in objects:
+        # Namespaced objects beside the DaemonSet; cluster-scoped ones without a namespace.
+        namespaced = obj["kind"] in ("ServiceAccount", "DaemonSet", "Service", "ServiceMonitor",
+                                     "PrometheusRule")
+        assert obj["metadata"].get("namespace") == ("kube-system" if namespaced else None), obj
     selector = ds["spec"]["selector"]["matchLabels"]
     labels = ds["spec"]["template"]["metadata"]["labels"]
     assert selector.items() <= labels.items()
@@ -104,11 +125,11 @@ def _check(objects: list[dict[str, Any]], sets: list[SchemaSet], oldest: str) ->
 def test_rendered_objects_validate_from_their_oldest_to_the_newest_kubernetes(
     rendered, schema_sets, name
 ):
-    _, oldest = KUSTOMIZATIONS[name]
-    result = _check(rendered[name], schema_sets, oldest)
+    first = oldest(name)
+    result = _check(rendered[name], schema_sets, first)
     assert result["problems"] == {}
     newest = installed_versions_newest(schema_sets)
-    assert result["checked"][0] == oldest and result["checked"][-1] == newest
+    assert result["checked"][0] == first and result["checked"][-1] == newest
 
 
 def installed_versions_newest(sets: list[SchemaSet]) -> str:
@@ -141,7 +162,7 @@ def test_pod_has_no_host_namespaces_and_no_service_account_token(rendered, name)
     spec = pod_spec(rendered[name])
     for field in ("hostNetwork", "hostPID", "hostIPC"):
         assert not spec.get(field, False), field
-    if name in API_OVERLAYS:
+    if "serviceaccount" in parts(name):
         # Its own account, never "default", and a token the ResourceSlice policy can read
         # the node from.
         (account,) = [o for o in rendered[name] if o["kind"] == "ServiceAccount"]
@@ -170,7 +191,7 @@ def test_seccomp_runtime_default(rendered, name):
     field = spec.get("securityContext", {}).get("seccompProfile")
     annotations = ds["spec"]["template"]["metadata"].get("annotations", {})
     annotation = annotations.get("seccomp.security.alpha.kubernetes.io/pod")
-    if name.endswith("legacy"):
+    if "legacy" in parts(name):
         assert field is None and annotation == "runtime/default"
     else:
         assert field == {"type": "RuntimeDefault"} and annotation is None
@@ -184,7 +205,7 @@ def test_priority_update_strategy_and_node_selection(rendered, name):
     assert spec["priorityClassName"] == "system-node-critical"
     strategy = ds["spec"]["updateStrategy"]
     assert strategy["type"] == "RollingUpdate"
-    if name.endswith("legacy"):
+    if "legacy" in parts(name):
         # Before 1.21 there is no surge: one pod at a time, the old one first.
         assert "maxSurge" not in strategy["rollingUpdate"]
         assert strategy["rollingUpdate"]["maxUnavailable"] == 1
@@ -252,6 +273,13 @@ def _flag_variables() -> set[str]:
     return names
 
 
+def test_pending_variables_are_still_pending():
+    """Once --probe-port and --events are in this tree, PENDING_VARIABLES must go: the
+    manifests' variables are then checked against the parser alone."""
+    assert not PENDING_VARIABLES & _flag_variables(), (
+        "the parser reads these now: remove them from deploy_support.PENDING_VARIABLES")
+
+
 SAMPLE_NODE = "fpga-node-1"
 """What the downward API would put in NODE_NAME."""
 
@@ -263,7 +291,7 @@ def parse_serve(args: list[str], monkeypatch: pytest.MonkeyPatch) -> config.Sett
 @pytest.mark.parametrize("name", ALL)
 def test_environment_is_understood_by_serve_and_healthcheck(rendered, name, monkeypatch):
     values = env(rendered[name])
-    unknown = set(values) - _flag_variables()
+    unknown = set(values) - _flag_variables() - PENDING_VARIABLES
     assert not unknown, f"no flag reads {sorted(unknown)}"
     # Only NODE_NAME comes from elsewhere: --node-name's default, from the downward API.
     assert set(env_from(rendered[name])) <= {"NODE_NAME"}
@@ -286,12 +314,35 @@ def test_environment_is_understood_by_serve_and_healthcheck(rendered, name, monk
     # Same resource, socket and directory as the b<>com plugin.
     assert settings.resource_name == "b-com.com/accelerator"
     assert settings.socket_name == "accelerator.sock"
-    for probe in ("livenessProbe", "readinessProbe"):
-        command = c[probe]["exec"]["command"]
-        assert command[0] == "accelerator-device-plugin"
-        health = config.parse(command[1:])
-        assert health.command == "healthcheck"
-        assert health.heartbeat_file == settings.heartbeat_file
+    # The exec probe of earlier manifests still works with the same environment.
+    health = config.parse(["healthcheck"])
+    assert health.command == "healthcheck"
+    assert health.heartbeat_file == settings.heartbeat_file
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_probes_are_http_gets_on_the_probe_port(rendered, name):
+    """No probe starts a process: the kubelet GETs /livez and /readyz from serve itself,
+    on the named port the variable opens."""
+    c = container(rendered[name])
+    ports = {p["name"]: p for p in c["ports"]}
+    assert ports["probes"]["containerPort"] == PROBE_PORT
+    assert ports["probes"].get("protocol", "TCP") == "TCP"
+    assert int(env(rendered[name])["ACCELERATOR_DP_PROBE_PORT"]) == PROBE_PORT
+    for probe, path in (("livenessProbe", "/livez"), ("readinessProbe", "/readyz")):
+        assert set(c[probe]) - {"initialDelaySeconds", "periodSeconds", "timeoutSeconds",
+                                "failureThreshold", "successThreshold"} == {"httpGet"}
+        assert c[probe]["httpGet"] == {"path": path, "port": "probes"}, probe
+    # Ports only where a component asks for them; never on the host.
+    expected = {"probes"} | ({"metrics"} if "metrics" in parts(name) else set())
+    assert set(ports) == expected
+    for port in ports.values():
+        assert "hostPort" not in port
+    if "metrics" in parts(name):
+        assert ports["metrics"]["containerPort"] == METRICS_PORT
+        assert int(env(rendered[name])["ACCELERATOR_DP_METRICS_PORT"]) == METRICS_PORT
+    else:
+        assert "ACCELERATOR_DP_METRICS_PORT" not in env(rendered[name])
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -315,6 +366,10 @@ def test_liveness_outlasts_heartbeat_and_resources_are_bounded(rendered, name):
 def test_overlays_pick_their_backend(rendered):
     assert env(rendered["base"])["ACCELERATOR_DP_BACKEND"] == "auto"
     assert env(rendered["intel"])["ACCELERATOR_DP_BACKEND"] == "intel"
+    # One resource for every device unless the afu component says otherwise.
+    for name in rendered:
+        mode = env(rendered[name]).get("ACCELERATOR_DP_RESOURCE_MODE", "single")
+        assert mode == ("afu" if "afu" in parts(name) else "single"), name
     alveo = env(rendered["alveo"])
     assert alveo["ACCELERATOR_DP_BACKEND"] == "alveo"
     assert alveo["ACCELERATOR_DP_RESOURCE_PREFIX"] == "amd.com"
@@ -323,28 +378,28 @@ def test_overlays_pick_their_backend(rendered):
     assert aws["ACCELERATOR_DP_ACCEL_NBUNITS"] == "40"  # the b<>com default
 
 
-def test_only_the_watcher_and_dra_overlays_mount_the_plugins_registry(rendered):
-    # The watcher overlay registers the device plugin there; DRA drivers register only there.
+def test_only_the_watcher_and_dra_components_mount_the_plugins_registry(rendered):
+    # The watcher registers the device plugin there; DRA drivers register only there.
     for name, manifests in rendered.items():
         (daemonset,) = [m for m in manifests if m["kind"] == "DaemonSet"]
         spec = daemonset["spec"]["template"]["spec"]
         paths = [v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v]
-        assert (REGISTRY_DIR in paths) == (name in {"plugin-watcher", "dra"}), name
+        assert (REGISTRY_DIR in paths) == bool(parts(name) & {"plugin-watcher", "dra"}), name
         # The device plugin keeps kubelet.sock registration unless the watcher is asked for.
         registration = env(manifests).get("ACCELERATOR_DP_REGISTRATION")
-        assert (registration == "auto") == (name == "plugin-watcher"), name
+        assert (registration == "auto") == ("plugin-watcher" in parts(name)), name
 
 
-def test_only_the_cdi_and_dra_overlays_mount_the_cdi_directory_and_turn_cdi_on(rendered):
+def test_only_the_cdi_and_dra_components_mount_the_cdi_directory_and_turn_cdi_on(rendered):
     # DRA hands containers their devices only as CDI IDs, so it cannot do without.
-    with_cdi = {"cdi", "dra"}
     for name, manifests in rendered.items():
+        with_cdi = bool(parts(name) & {"cdi", "dra"})
         (daemonset,) = [m for m in manifests if m["kind"] == "DaemonSet"]
         spec = daemonset["spec"]["template"]["spec"]
         paths = [v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v]
-        assert (CDI_DIR in paths) == (name in with_cdi), name
-        assert (env(manifests).get("ACCELERATOR_DP_CDI") == "true") == (name in with_cdi), name
-        if name in with_cdi:
+        assert (CDI_DIR in paths) == with_cdi, name
+        assert (env(manifests).get("ACCELERATOR_DP_CDI") == "true") == with_cdi, name
+        if with_cdi:
             assert env(manifests)["ACCELERATOR_DP_CDI_SPEC_DIR"] == CDI_DIR
             (volume,) = [v for v in spec["volumes"]
                          if v.get("hostPath", {}).get("path") == CDI_DIR]
