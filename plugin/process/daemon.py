@@ -28,6 +28,7 @@ from plugin.model.resources import group_by_resource, socket_name_for
 from plugin.process import metrics
 from plugin.process.dirwatch import Change, DirectoryWatcher
 from plugin.process.dra_side import DraSide, NodeApi
+from plugin.process.node_events import NodeEvents
 from plugin.process.signals import Meaning, SignalRouter, name_of
 from plugin.process.supervise import MAX_DELAY, supervise
 from plugin.process.ticks import sleep_to_tick
@@ -70,8 +71,10 @@ class Daemon:
         self._last_node: DeviceSet | None = None
         self._counted: set[str] = set()
         """Resource names the device metrics were last set for (a vanished one goes to 0)."""
+        self.node_events = NodeEvents.for_settings(self.settings)
         self.dra_side = DraSide(self.settings, self._cdi, self._stop.is_set,
-                                self._withdraw_all, self._publish_again) \
+                                self._withdraw_all, self._publish_again,
+                                moved=self.node_events.api_moved if self.node_events else None) \
             if dra and self._cdi is not None else None
 
     @property
@@ -98,6 +101,8 @@ class Daemon:
                                 health_interval=self.settings.health_interval,
                                 stall_timeout=self.settings.scan_stall_timeout)
         self._monitor = monitor
+        if self.node_events is not None:
+            self.node_events.start(self._stop)
 
         async def follow_devices() -> None:
             await monitor.run(self._publish)
@@ -131,6 +136,8 @@ class Daemon:
             await self._drain()
             if self.dra_side is not None:
                 await self.dra_side.close()
+            if self.node_events is not None:
+                await self.node_events.close()
         log.info("stopped; sockets removed")
         return 0
 
@@ -147,6 +154,8 @@ class Daemon:
         for name in self._counted - groups.keys():
             metrics.devices(name, DeviceSet.of(()))
         self._counted = set(groups)
+        if self.node_events is not None:
+            self.node_events.devices(node, groups)  # never waits: queued for its own task
         if self.dra_side is not None:
             await self.dra_side.publish(node, groups)
             if not self.dra_side.device_plugin_allowed:
