@@ -236,3 +236,23 @@ async def test_a_move_from_the_device_plugin_to_dra_is_an_event(cluster, sockdir
                                     "plugin: the kubelet registered the DRA driver")
     assert moved["regarding"]["name"] == NODE
     assert api.events.refusals == []
+
+
+async def test_events_on_for_the_device_plugin(kubelet, plugin, tmp_path):
+    fake = FakeNode(tmp_path / "node")
+    ports = fake.add_dfl_card("0000:5e:00.0", ports=1)
+    async with ApiServerEmulator("1.36") as api:
+        api.create_node(NODE)
+        node_kubelet = await kubelet("1.26")
+        serve = plugin(extra=[
+            "--events", "on", "--node-name", NODE,
+            "--kubeconfig", str(api.write_kubeconfig(tmp_path / "kubeconfig")),
+            "--backend", "intel", "--sysfs-root", str(fake.sysfs_root),
+            "--dev-root", str(fake.dev_root), "--health-interval", "0.05"])
+        await node_kubelet.wait_for_devices("b-com.com/accelerator", timeout=SETTLE)
+        fake.set_afu_id(ports[0], CRASHED_AFU_ID)
+        await until(lambda: api.list("events", "default"), "a DeviceUnhealthy Event", SETTLE)
+        [warning] = api.list("events", "default")
+        assert warning["reason"] == "DeviceUnhealthy" and AFU_CRASHED in warning["note"]
+        assert api.find_requests(resource="resourceslices") == [], "still no DRA"
+        assert serve.alive

@@ -283,3 +283,27 @@ def test_health_changes_name_device_resource_and_reason():
     assert health_changes(before, {"b-com.com/accelerator": before}) == []
     assert health_changes(None, {"r": before}) == [], "healthy at start: nothing to say"
     assert len(health_changes(None, {"r": after})) == 1, "unhealthy at start is said"
+
+
+def test_events_on_needs_a_node_name(capsys, monkeypatch):
+    from plugin.cli.config import parse
+
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    monkeypatch.delenv("ACCELERATOR_DP_NODE_NAME", raising=False)
+
+    with pytest.raises(SystemExit) as exit_info:
+        parse(["serve", "--events", "on"])
+    assert exit_info.value.code == 2
+    assert "--events on needs --node-name" in capsys.readouterr().err
+    assert parse(["serve", "--events", "off"]).events == "off"
+
+
+def test_events_default_to_where_the_process_has_api_access():
+    from plugin.cli.config import Settings
+    from plugin.process.node_events import events_enabled
+
+    assert not events_enabled(Settings())
+    assert events_enabled(Settings(api="dra", node_name="n"))
+    assert events_enabled(Settings(api="auto", node_name="n"))
+    assert not events_enabled(Settings(api="dra", node_name="n", events="off"))
+    assert events_enabled(Settings(node_name="n", events="on"))
