@@ -256,3 +256,53 @@ async def test_events_on_for_the_device_plugin(kubelet, plugin, tmp_path):
         assert warning["reason"] == "DeviceUnhealthy" and AFU_CRASHED in warning["note"]
         assert api.find_requests(resource="resourceslices") == [], "still no DRA"
         assert serve.alive
+
+
+async def test_the_sink_against_the_emulated_api_server(tmp_path):
+    from plugin.process.events import SinkFailure
+    from plugin.serving.events_api import NodeEventSink
+
+    async with ApiServerEmulator("1.36", tls=True) as api:
+        node = api.create_node(NODE)
+        sink = NodeEventSink(NODE, api.write_kubeconfig(tmp_path / "kubeconfig"), timeout=1.0)
+        try:
+            assert await sink.uid() == node["metadata"]["uid"]
+            correlator = events.Correlator(events.Regarding("Node", NODE),
+                                           "b-com.com/accelerator-device-plugin", "i-1")
+            write = correlator.correlate(events.Occurrence("Warning", "R", "A", "note"))
+            assert write is not None
+            await sink.create("default", write.event)
+            await sink.create("default", write.event)  # a retried create that had made it
+            series = {"count": 2, "lastObservedTime": events.micro_time(0)}
+            await sink.patch("default", write.name, {"series": series})
+            [stored] = api.list("events", "default")
+            assert stored["series"]["count"] == 2
+            with pytest.raises(SinkFailure) as gone:
+                await sink.patch("default", "node-a.0", {"series": series})
+            assert gone.value.not_found
+            api.faults.deny("create", "events")
+            with pytest.raises(SinkFailure) as refused:
+                await sink.create("default", {**write.event, "metadata": {
+                    "name": "node-a.1", "namespace": "default"}})
+            assert (refused.value.kind, refused.value.retry) == ("HTTP 403", False)
+            api.faults.slow_down("*", "events", 30)
+            with pytest.raises(SinkFailure) as hung:
+                await sink.patch("default", write.name, {"series": series})
+            assert (hung.value.kind, hung.value.retry) == ("timeout", True)
+            assert api.events.refusals == []
+        finally:
+            await sink.close()
+
+
+async def test_events_wait_out_an_api_server_outage(bench):
+    plugin = bench.start()
+    await bench.ready()
+    await bench.api.go_down()
+    bench.crash()
+    await until(lambda: bench.warnings_about_events(), "the outage said", SETTLE)
+    await bench.api.come_back()
+    await until(lambda: bench.events("DeviceUnhealthy"), "the Event written after", 30)
+    await until(logged(plugin, "Kubernetes Events are written again"), "said", SETTLE)
+    [warning] = bench.warnings_about_events()
+    assert "unreachable" in warning or "in time" in warning
+    assert plugin.alive

@@ -4,9 +4,9 @@ Every Event written is checked twice, as a 1.36 server checks it: against the st
 of ``events.k8s.io/v1 Event`` that the ``kubernetes-validate`` test dependency ships for 1.36 (a
 wrong type or an unknown field: 400 BadRequest, as strict decoding answers), then by the
 validation rules of k/k ``pkg/apis/core/validation/events.go`` for events.k8s.io/v1
-(``ValidateEventCreate``, ``ValidateEventUpdate``: 422 Invalid). Every refusal is also kept in
-``refusals`` so a test can say no Event was refused. Not modelled: the events TTL (an hour by
-default), field selectors beyond name and namespace, watch.
+(``ValidateEventCreate``, ``ValidateEventUpdate``: 422 Invalid). Every Event refused as
+malformed is also kept in ``refusals``, so a test can say none was. Not modelled: the events
+TTL (an hour by default), field selectors beyond name and namespace, watch.
 """
 
 from __future__ import annotations
@@ -175,7 +175,7 @@ class EventStore:
             raise self._refuse(body, errors.invalid("Event", GROUP, meta.get("name", ""),
                                                     problems))
         if self.store.get("events", namespace, meta["name"]) is not None:
-            raise self._refuse(body, errors.already_exists("events", GROUP, meta["name"]))
+            raise errors.already_exists("events", GROUP, meta["name"])
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = strategy.now()
         obj["apiVersion"], obj["kind"] = f"{GROUP}/{VERSION}", "Event"

@@ -62,7 +62,13 @@ class NodeEventSink:
         return str(uid) if uid else None
 
     async def create(self, namespace: str, event: dict[str, Any]) -> None:
-        await self._call(self._connect().create(_EVENTS(event), namespace=namespace))
+        """A 409 is success: a create retried after a timeout may find the Event made by
+        the try that timed out (client-go drops such a write without a word, too)."""
+        try:
+            await self._call(self._connect().create(_EVENTS(event), namespace=namespace))
+        except SinkFailure as failure:
+            if failure.kind != "HTTP 409":
+                raise
 
     async def patch(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         await self._call(self._connect().patch(_EVENTS, name, patch, namespace=namespace,
