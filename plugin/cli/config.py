@@ -451,6 +451,13 @@ def settings_problem(settings: Settings) -> str | None:
     return None
 
 
+def events_enabled(settings: Settings) -> bool:
+    """``--events``: ``auto`` is on wherever the process has API access (``--api dra|auto``)."""
+    if settings.events == "auto":
+        return settings.api != "device-plugin"
+    return settings.events == "on"
+
+
 def socket_path_problem(settings: Settings) -> str | None:
     """A socket path longer than a unix socket address can hold cannot even be bound."""
     from plugin.model.resources import longest_socket_name

@@ -17,9 +17,10 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from api_versions.negotiate import KUBELET_SOCKET, adapters
-from plugin.cli.config import Settings
+from plugin.cli.config import Settings, events_enabled
 from plugin.discovery.backends.base import Backend
 from plugin.discovery.monitor import DeviceMonitor, TriggerSource
 from plugin.model.devices import DeviceSet
@@ -28,12 +29,14 @@ from plugin.model.resources import group_by_resource, socket_name_for
 from plugin.process import metrics
 from plugin.process.dirwatch import Change, DirectoryWatcher
 from plugin.process.dra_side import DraSide, NodeApi
-from plugin.process.node_events import NodeEvents
 from plugin.process.signals import Meaning, SignalRouter, name_of
 from plugin.process.supervise import MAX_DELAY, supervise
 from plugin.process.ticks import sleep_to_tick
 from plugin.serving.cdi import CdiPolicy, SpecWriter
 from plugin.serving.deviceplugin.server import ResourceServer, Timing
+
+if TYPE_CHECKING:
+    from plugin.process.node_events import NodeEvents
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +74,11 @@ class Daemon:
         self._last_node: DeviceSet | None = None
         self._counted: set[str] = set()
         """Resource names the device metrics were last set for (a vanished one goes to 0)."""
-        self.node_events = NodeEvents.for_settings(self.settings)
+        self.node_events: NodeEvents | None = None
+        if events_enabled(self.settings):  # imported only then: the device plugin pays nothing
+            from plugin.process.node_events import NodeEvents
+
+            self.node_events = NodeEvents.for_settings(self.settings)
         self.dra_side = DraSide(self.settings, self._cdi, self._stop.is_set,
                                 self._withdraw_all, self._publish_again,
                                 moved=self.node_events.api_moved if self.node_events else None) \

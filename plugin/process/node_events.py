@@ -16,7 +16,9 @@ reason                    type     when
 ========================  =======  ================================================
 
 The recording itself (aggregation, rate limit, the queue that never blocks) is
-:mod:`plugin.process.events`; the client (lightkube) is imported only when Events are on.
+:mod:`plugin.process.events`. This module is imported only when Events are on, and the
+client (plugin/serving/events_api.py, on lightkube) only at the first Event to write: a node
+with nothing to say pays for neither.
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ import contextlib
 import logging
 import socket
 from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
-from plugin.cli.config import Settings
+from plugin.cli.config import Settings, events_enabled
 from plugin.model.devices import DeviceSet
 from plugin.process.events import (
     NORMAL,
@@ -49,13 +53,6 @@ HEALTHY = "DeviceHealthy"
 API_CHANGED = "ServingAPIChanged"
 HEALTH_ACTION = "CheckHealth"
 API_ACTION = "ChooseServingAPI"
-
-
-def events_enabled(settings: Settings) -> bool:
-    """``--events``: ``auto`` is on wherever the process has API access (``--api dra|auto``)."""
-    if settings.events == "auto":
-        return settings.api != "device-plugin"
-    return settings.events == "on"
 
 
 def health_changes(previous: DeviceSet | None, groups: Mapping[str, DeviceSet]
@@ -82,6 +79,34 @@ def api_changed(now: str, before: str, why: str) -> Occurrence:
                       f"Devices are served through {now} instead of {before}: {why}")
 
 
+class _LazySink:
+    """The API client, imported and made at the first call."""
+
+    def __init__(self, node: str, kubeconfig: Path | None, timeout: float) -> None:
+        self._args = (node, kubeconfig, timeout)
+        self._sink: EventSink | None = None
+
+    def _made(self) -> EventSink:
+        if self._sink is None:
+            from plugin.serving.events_api import NodeEventSink
+
+            self._sink = NodeEventSink(*self._args)
+        return self._sink
+
+    async def uid(self) -> str | None:
+        return await self._made().uid()
+
+    async def create(self, namespace: str, event: dict[str, Any]) -> None:
+        await self._made().create(namespace, event)
+
+    async def patch(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        await self._made().patch(namespace, name, patch)
+
+    async def close(self) -> None:
+        if self._sink is not None:
+            await self._sink.close()
+
+
 class NodeEvents:
     """The Node's recorder and its sending task, for the daemon."""
 
@@ -97,10 +122,7 @@ class NodeEvents:
         if not events_enabled(settings):
             return None
         assert settings.node_name is not None, "settings_problem checks --node-name"
-        from plugin.serving.events_api import NodeEventSink
-
-        sink: EventSink = NodeEventSink(settings.node_name, settings.kubeconfig,
-                                        settings.api_request_timeout)
+        sink = _LazySink(settings.node_name, settings.kubeconfig, settings.api_request_timeout)
         correlator = Correlator(Regarding("Node", settings.node_name), CONTROLLER,
                                 f"{CONTROLLER.rsplit('/', 1)[1]}-{socket.gethostname()}")
         log.info("Kubernetes Events on node %s: on (--events %s)", settings.node_name,
