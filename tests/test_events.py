@@ -69,6 +69,12 @@ def test_a_repeat_patches_the_series_of_the_first_event():
     assert third is not None and third.series is not None and third.series["count"] == 3
 
 
+def test_events_made_at_one_instant_get_different_names():
+    c = correlator(Clock())
+    first, second = c.correlate(CRASHED), c.correlate(HEALED)
+    assert first is not None and second is not None and first.name != second.name
+
+
 def test_a_series_ends_after_six_minutes_of_quiet():
     clock = Clock()
     c = correlator(clock)
@@ -261,6 +267,24 @@ async def test_record_never_waits_and_the_queue_is_bounded(sender, caplog):
     assert recorder.pending == events.QUEUE_LIMIT
     assert recorder.dropped >= 50
     assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+
+
+async def test_a_held_back_count_reaches_the_server_when_its_series_ends():
+    clock = Clock()
+    sink = Sink()
+    recorder = EventRecorder(correlator(clock), sink, finish_every=0.01)
+    for n in range(30):
+        recorder.record(CRASHED if n % 2 else HEALED)
+    task = asyncio.create_task(recorder.run())
+    try:
+        await until(lambda: recorder.written == events.SPAM_BURST, "the burst written")
+        assert sink.created[next(iter(sink.created))]["series"]["count"] == 13
+        clock.now += events.SERIES_FINISH + 1
+        await until(lambda: recorder.written == events.SPAM_BURST + 2, "the final counts")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert sorted(e["series"]["count"] for e in sink.created.values()) == [15, 15]
 
 
 # --- what the node says -------------------------------------------------------------------

@@ -32,6 +32,7 @@ so nothing here knows the client library.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import OrderedDict, deque
@@ -192,6 +193,7 @@ class Correlator:
         self._series: _Lru = _Lru(CACHE_LIMIT)
         self._similar: _Lru = _Lru(CACHE_LIMIT)
         self._buckets: _Lru = _Lru(CACHE_LIMIT)
+        self._last_stamp = 0
         self.filtered = 0
         """Occurrences the spam filter held back (counted in their series all the same)."""
 
@@ -258,12 +260,19 @@ class Correlator:
             self._buckets.touch(key, bucket)
         return bucket.take(now)
 
+    def _stamp(self, now: float) -> int:
+        """Nanoseconds for a new Event's name, never the same twice: two Events made in one
+        scan may read the same clock, and the second create would meet the first (409)."""
+        self._last_stamp = max(int(now * 1e9), self._last_stamp + 1)
+        return self._last_stamp
+
     def _event(self, occurrence: Occurrence, now: float) -> dict[str, Any]:
         regarding = self.regarding
         return {
             "apiVersion": "events.k8s.io/v1",
             "kind": "Event",
-            "metadata": {"name": event_name(regarding.name, now), "namespace": NAMESPACE},
+            "metadata": {"name": event_name(regarding.name, self._stamp(now)),
+                         "namespace": NAMESPACE},
             "eventTime": micro_time(now),
             "type": occurrence.type,
             "reason": occurrence.reason[:SHORT_LIMIT],
@@ -276,9 +285,9 @@ class Correlator:
         }
 
 
-def event_name(object_name: str, now: float) -> str:
+def event_name(object_name: str, nanoseconds: int) -> str:
     """``<object>.<nanoseconds in hex>``, as client-go names them (at most 253 characters)."""
-    suffix = f".{int(now * 1e9):x}"
+    suffix = f".{nanoseconds:x}"
     return object_name[:253 - len(suffix)] + suffix
 
 
@@ -302,10 +311,12 @@ class EventRecorder:
     that writes (start it once, cancel it to stop)."""
 
     def __init__(self, correlator: Correlator, sink: EventSink,
-                 sleep: Callable[[float], Any] = asyncio.sleep) -> None:
+                 sleep: Callable[[float], Any] = asyncio.sleep,
+                 finish_every: float = FINISH_EVERY) -> None:
         self.correlator = correlator
         self.sink = sink
         self._sleep = sleep
+        self._finish_every = finish_every
         self._queue: deque[Write] = deque()
         self._ready = asyncio.Event()
         self._said: set[str] = set()
@@ -322,8 +333,10 @@ class EventRecorder:
 
     def record(self, occurrence: Occurrence) -> None:
         write = self.correlator.correlate(occurrence)
-        if write is None:
-            return
+        if write is not None:
+            self._enqueue(write)
+
+    def _enqueue(self, write: Write) -> None:
         if len(self._queue) >= QUEUE_LIMIT:
             self.dropped += 1
             if not self._overflowing:
@@ -335,15 +348,20 @@ class EventRecorder:
         self._ready.set()
 
     async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_finish = loop.time() + self._finish_every
         try:
             while True:
-                while not self._queue:
+                if loop.time() >= next_finish:  # idle or busy alike
+                    for write in self.correlator.finish():
+                        self._enqueue(write)
+                    next_finish = loop.time() + self._finish_every
+                if not self._queue:
                     self._ready.clear()
-                    try:
-                        async with asyncio.timeout(FINISH_EVERY):
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout_at(next_finish):
                             await self._ready.wait()
-                    except TimeoutError:
-                        self._queue.extend(self.correlator.finish())
+                    continue
                 write = self._queue[0]
                 await self._send(write)
                 self._queue.popleft()
