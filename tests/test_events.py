@@ -330,3 +330,26 @@ def test_events_default_to_where_the_process_has_api_access():
     assert events_enabled(Settings(api="auto", node_name="n"))
     assert not events_enabled(Settings(api="dra", node_name="n", events="off"))
     assert events_enabled(Settings(node_name="n", events="on"))
+
+
+async def test_a_node_that_cannot_be_read_gets_its_events_without_uid(sender, caplog):
+    recorder, sink, clock, _ = sender
+    asked: list[float] = []
+
+    async def refuse() -> str | None:
+        asked.append(clock.now)
+        raise SinkFailure("403 Forbidden: cannot get nodes", "HTTP 403", retry=False)
+
+    sink.uid = refuse  # type: ignore[method-assign]
+    with caplog.at_level(logging.WARNING, logger="plugin.process.events"):
+        recorder.record(CRASHED)
+        clock.now += 1
+        recorder.record(HEALED)
+        await until(lambda: recorder.written == 2, "both written")
+        clock.now += events.UID_RETRY
+        recorder.record(CRASHED)
+        await until(lambda: recorder.written == 3, "the third written")
+    assert all("uid" not in e["regarding"] for e in sink.created.values())
+    assert len(asked) == 2, "read again once a minute, not per Event"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "for its UID" in warnings[0]
