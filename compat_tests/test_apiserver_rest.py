@@ -33,7 +33,8 @@ def a_slice(name="node-a-fpga", node="node-a", devices=None):
 ])
 async def test_discovery_lists_only_the_versions_a_release_serves(start_api, model, served):
     _, client = await start_api(model)
-    groups = (await client.get("/apis")).body["groups"]
+    groups = [g for g in (await client.get("/apis")).body["groups"]
+              if g["name"] != "events.k8s.io"]  # served by every release
     if not served:
         assert groups == []
         assert (await client.get("/apis/resource.k8s.io")).status == 404

@@ -171,6 +171,7 @@ def test_migration_demo_moves_one_node_to_dra_and_back() -> None:
     assert "NodePrepareResources -> CDI devices" in out
     assert "the container gets ACCELERATOR_UNITS=" in out
     assert "the slices are withdrawn" in out and "exit code 0" in out
+    assert out.count("Normal  ServingAPIChanged  Devices are served through") == 2
 
 
 async def test_failures_without_kernel_events_are_seen_through_health_files(root, running) -> None:

@@ -9,6 +9,7 @@ listens on 127.0.0.1 only. Every answer is JSON.
 - ``POST /_emulator/faults``: ``{"delay": s}``, ``{"fail_next": {"count", "status",
   "retry_after", "verb", "resource", "message"}}``, ``{"conflict_next": n}``,
   ``{"deny": [[verb, resource]...]}``, ``{"allow": [...]}``, ``{"end_watches_at_once": bool}``,
+  ``{"slow": [[verb, resource, seconds]...]}`` (0 seconds: no longer),
   ``{"clear": true}``
 - ``POST /_emulator/down``, ``POST /_emulator/up``, ``POST /_emulator/outage {"seconds": s}``
 - ``POST /_emulator/restart {"model", "runtime_config", "feature_gates", "down_for"}``
@@ -120,9 +121,12 @@ def _faults(api: ApiServerEmulator, body: dict[str, Any]) -> dict[str, Any]:
         api.faults.deny(verb, resource)
     for verb, resource in body.get("allow", []):
         api.faults.allow(verb, resource)
+    for verb, resource, seconds in body.get("slow", []):
+        api.faults.slow_down(verb, resource, float(seconds))
     return {"delay": api.faults.delay, "pending_failures": len(api.faults.rules),
             "denied": sorted(api.faults.denied), "conflicts": api.registry.conflicts_pending,
-            "end_watches_at_once": api.faults.end_watches_at_once}
+            "end_watches_at_once": api.faults.end_watches_at_once,
+            "slow": [[v, r, s] for (v, r), s in sorted(api.faults.slow.items())]}
 
 
 def control_app(api: ApiServerEmulator) -> web.Application:

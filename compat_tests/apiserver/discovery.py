@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from compat_tests.apiserver import events as events_api
 from compat_tests.apiserver.models import GROUP, ServerModel
 from compat_tests.apiserver.resources import (
     NODES,
@@ -53,7 +54,20 @@ def _group(model: ServerModel) -> dict[str, Any] | None:
 
 def group_list(model: ServerModel) -> dict[str, Any]:
     group = _group(model)
-    return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [group] if group else []}
+    return {"kind": "APIGroupList", "apiVersion": "v1",
+            "groups": ([group] if group else []) + [events_api.group()]}
+
+
+def events_group() -> dict[str, Any]:
+    return {"kind": "APIGroup", "apiVersion": "v1", **events_api.group()}
+
+
+def events_resource_list() -> dict[str, Any]:
+    """events.k8s.io/v1, served by every release modelled (GA since 1.19)."""
+    info = events_api.EVENTS
+    return {"kind": "APIResourceList", "apiVersion": "v1",
+            "groupVersion": f"{events_api.GROUP}/{events_api.VERSION}",
+            "resources": [_resource_entry(info, events_api.VERSION, events_api.VERSION)]}
 
 
 def group(model: ServerModel) -> dict[str, Any] | None:

@@ -68,6 +68,21 @@ class Faults:
         self.end_watches_at_once = False
         """Every watch ends cleanly right after its backlog, as behind a proxy whose
         timeout is shorter than any watch."""
+        self.slow: dict[tuple[str, str], float] = {}
+        """Seconds a (verb, resource) request waits after authorization before it is
+        answered: an overloaded resource (``"*"`` for any verb)."""
+
+    def slow_down(self, verb: str, resource: str, seconds: float) -> None:
+        """Requests of ``verb`` on ``resource`` wait ``seconds`` (0 to stop); a long wait is
+        a hang as the client sees it."""
+        if seconds > 0:
+            self.slow[(verb, resource)] = seconds
+        else:
+            self.slow.pop((verb, resource), None)
+
+    def slowness(self, verb: str, resource: str) -> float:
+        return max((s for (v, r), s in self.slow.items() if v in ("*", verb) and r == resource),
+                   default=0.0)
 
     def fail_next(self, count: int, status: int, *, retry_after: int = 1,
                   verb: str | None = None, resource: str | None = None,
@@ -97,6 +112,7 @@ class Faults:
         self.delay = 0.0
         self.rules.clear()
         self.denied.clear()
+        self.slow.clear()
         self.end_watches_at_once = False
 
 

@@ -19,6 +19,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from compat_tests.apiserver import discovery, errors, selectors
+from compat_tests.apiserver import events as events_api
 from compat_tests.apiserver.faults import Faults, LoggedRequest, Tokens, forbidden_message
 from compat_tests.apiserver.models import GROUP, ServerModel
 from compat_tests.apiserver.pipeline import FIELD_VALIDATIONS
@@ -51,6 +52,7 @@ class Backend(Protocol):
     requests: list[LoggedRequest]
     default_field_validation: str
     bookmark_interval: float
+    events: events_api.EventStore
 
     @property
     def address(self) -> str: ...
@@ -103,6 +105,15 @@ def parse_target(request: web.Request, model: ServerModel) -> Target | web.Respo
         name = match["name"] or ""
         return Target(_verb(request.method, name, bool(match["watch"]), query), NODES, "v1",
                       None, name, match["sub"] or "")
+    match = events_api.PATH.match(path)
+    if match:
+        if match["version"] != events_api.VERSION:
+            return page_not_found()
+        if match["resource"] != "events":
+            raise errors.path_not_found()
+        name = match["name"] or ""
+        return Target(_verb(request.method, name, bool(match["watch"]), query),
+                      events_api.EVENTS, events_api.VERSION, match["namespace"], name, "")
     match = _RESOURCE_PATH.match(path)
     if match is None or match["group"] != GROUP:
         return None
@@ -129,6 +140,10 @@ def discovery_response(backend: Backend, path: str) -> web.Response | None:
         return json_response(discovery.core_resource_list())
     if path == "/apis":
         return json_response(discovery.group_list(model))
+    if path == f"/apis/{events_api.GROUP}":
+        return json_response(discovery.events_group())
+    if path == f"/apis/{events_api.GROUP}/{events_api.VERSION}":
+        return json_response(discovery.events_resource_list())
     if path in ("/healthz", "/livez", "/readyz"):
         return web.Response(text="ok", content_type="text/plain")
     if path == f"/apis/{GROUP}":
@@ -216,7 +231,7 @@ def _sort_key(obj: dict[str, Any]) -> str:
 
 
 def _read(backend: Backend, target: Target, obj: dict[str, Any]) -> dict[str, Any]:
-    if target.info is NODES:
+    if target.info is NODES or target.info is events_api.EVENTS:
         return obj
     return backend.registry.read(target.info.name, target.version, obj)
 
@@ -227,6 +242,8 @@ async def resource_response(backend: Backend, request: web.Request, target: Targ
     verb, name, namespace = target.verb, target.name, target.namespace
     if info is NODES and verb not in ("get", "list", "watch"):
         raise errors.method_not_supported("nodes", "", verb)
+    if info is events_api.EVENTS:
+        return _events_response(backend, request, target, body)
     if verb == "get":
         found = backend.store.get(info.name, namespace, name)
         if found is None:
@@ -268,6 +285,27 @@ async def resource_response(backend: Backend, request: web.Request, target: Targ
     raise errors.method_not_supported(info.name, info.group, verb)
 
 
+def _events_response(backend: Backend, request: web.Request, target: Target,
+                     body: Any) -> web.StreamResponse:
+    verb, name, namespace = target.verb, target.name, target.namespace or ""
+    store = backend.events
+    if verb == "get":
+        found = backend.store.get("events", namespace, name)
+        if found is None:
+            raise errors.not_found("events", events_api.GROUP, name)
+        return json_response(found)
+    if verb == "list":
+        return list_response(backend, target, request.query)
+    if verb == "create" and not name and namespace:
+        return json_response(store.create(namespace, body), 201)
+    if verb == "patch" and namespace:
+        return json_response(store.patch(namespace, name, request.headers.get(
+            "Content-Type", ""), body))
+    if verb == "delete" and namespace:
+        return json_response(store.delete(namespace, name))
+    raise errors.method_not_supported("events", events_api.GROUP, verb)
+
+
 async def handle(backend: Backend, request: web.Request) -> web.StreamResponse:
     """Answer one API request and log it."""
     entry = LoggedRequest(request.method, request.path, dict(request.query))
@@ -307,4 +345,7 @@ async def _answer(backend: Backend, request: web.Request,
     entry.namespace, entry.name, entry.version = target.namespace or "", target.name, \
         target.version
     gate(backend, request, target, entry)
+    slow = backend.faults.slowness(target.verb, target.info.name)
+    if slow > 0:
+        await asyncio.sleep(slow)
     return await resource_response(backend, request, target, body, entry)

@@ -23,6 +23,7 @@ from aiohttp import web
 
 from compat_tests.apiserver import objects, pipeline, strategy
 from compat_tests.apiserver import tls as tls_files
+from compat_tests.apiserver.events import EventStore
 from compat_tests.apiserver.faults import DEFAULT_USER, Faults, LoggedRequest, Tokens
 from compat_tests.apiserver.http_api import handle
 from compat_tests.apiserver.models import DEFAULT_MODEL, ServerModel, load_model
@@ -55,6 +56,7 @@ class ApiServerEmulator:
         self.store = Store(window=watch_window)
         self.namespaces = {"default", "kube-system"}
         self.registry = Registry(self.store, lambda: self.model, self.namespaces)
+        self.events = EventStore(self.store, self.namespaces)
         self.faults = Faults()
         self.tokens = Tokens(tokens if tokens is not None else {
             secrets.token_hex(16): DEFAULT_USER})
@@ -322,12 +324,12 @@ class ApiServerEmulator:
     def get(self, resource: str, name: str, namespace: str | None = None,
             version: str = "v1") -> Obj | None:
         found = self.store.get(resource, namespace, name)
-        if found is None or resource == "nodes":
+        if found is None or resource in _UNCONVERTED:
             return found
         return self.registry.read(resource, version, found)
 
     def list(self, resource: str, namespace: str | None = None, version: str = "v1") -> list[Obj]:
-        return [self.registry.read(resource, version, o) if resource != "nodes" else o
+        return [self.registry.read(resource, version, o) if resource not in _UNCONVERTED else o
                 for o in self.store.list(resource, namespace)]
 
     def delete(self, resource: str, name: str, namespace: str | None = None) -> Obj:
@@ -336,6 +338,10 @@ class ApiServerEmulator:
     def validate(self, obj: Obj, version: str | None = None) -> list[str]:
         """``pipeline.validate`` against this emulator's model."""
         return pipeline.validate(copy.deepcopy(obj), version, model=self.model.name)
+
+
+_UNCONVERTED = ("nodes", "events")
+"""Kinds stored as served, in their one version."""
 
 
 def _resource_of(obj: Obj) -> str:

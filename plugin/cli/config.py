@@ -35,6 +35,7 @@ BACKEND_CHOICES = ("auto", "intel", "aws", "alveo", "units", "none")
 RESOURCE_MODES = ("single", "afu")
 DEMO_NODES = ("intel", "mixed", "migrate")
 API_CHOICES = ("device-plugin", "dra", "auto")
+EVENTS_CHOICES = ("auto", "on", "off")
 DEFAULT_DRA_DRIVER = "accelerator.b-com.com"
 KUBELET_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
 
@@ -81,6 +82,8 @@ class Settings:
     """None: ``/var/lib/kubelet/plugins/<driver name>``."""
     kubeconfig: Path | None = None
     api_request_timeout: float = 10.0
+    events: str = "auto"
+    """``auto``: Kubernetes Events where the process has API access (``--api dra|auto``)."""
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     origins: tuple[Origin, ...] = ()
     """Each setting not at its default and where it came from, for the start-up line."""
@@ -312,9 +315,14 @@ def _add_serve_flags(parser: OneLineParser) -> None:
     env.add("--kubeconfig", default=None, convert=Path,
             help="kubeconfig for the API server (DRA); in a pod, its service account is used")
     env.add("--api-request-timeout", default=10.0, convert=TIMEOUT,
-            help="seconds one API server call (DRA) may take before it counts as failed: "
-                 "publishing retries it with back-off, a claim read is that claim's error "
-                 f"({TIMEOUT.describe()})")
+            help="seconds one API server call (DRA, Events) may take before it counts as "
+                 "failed: publishing retries it with back-off, a claim read is that claim's "
+                 f"error, an Event is retried with back-off ({TIMEOUT.describe()})")
+    env.add("--events", default="auto", choices=EVENTS_CHOICES,
+            help="Kubernetes Events on the Node (a device turning Unhealthy or Healthy, the "
+                 "node moving between the device plugin and DRA): auto (on with --api dra or "
+                 "auto), on (also for the device plugin; needs --node-name and API access), "
+                 "off")
     env.add("--cdi", default=False, convert=_bool, nargs="?", const=True,
             help="write a CDI spec per resource and name allocated devices in cdi_devices "
                  "(kubelets 1.28+); needs a runtime with CDI enabled (containerd 1.7+, "
@@ -455,6 +463,9 @@ def settings_problem(settings: Settings) -> str | None:
             not settings.node_name:
         return (f"--api {settings.api} needs --node-name (or NODE_NAME from the downward "
                 "API): slices and claims are per node")
+    if settings.command == "serve" and settings.events == "on" and not settings.node_name:
+        return ("--events on needs --node-name (or NODE_NAME from the downward API): the "
+                "Events are about the node")
     if settings.command == "serve":
         return probe_problem(settings) or socket_path_problem(settings)
     return None
@@ -473,6 +484,13 @@ def probe_problem(settings: Settings) -> str | None:
                 f"--heartbeat-interval {settings.heartbeat_interval:g}, or /livez fails "
                 "between two self-checks")
     return None
+
+
+def events_enabled(settings: Settings) -> bool:
+    """``--events``: ``auto`` is on wherever the process has API access (``--api dra|auto``)."""
+    if settings.events == "auto":
+        return settings.api != "device-plugin"
+    return settings.events == "on"
 
 
 def socket_path_problem(settings: Settings) -> str | None:

@@ -109,6 +109,11 @@ async def _story(root: Path) -> None:
         await _until(lambda: not _slices(api), timeout=15)
         say("  the slices are withdrawn; the device plugin serves the node again")
         await _device_plugin_pod(kubelet)
+        await _until(lambda: len(api.list("events", "default")) >= 2, timeout=15)
+        say(f"  kubectl describe node {NODE}, Events:")
+        for event in api.list("events", "default"):
+            note = event["note"] if len(event["note"]) <= 110 else event["note"][:109] + "…"
+            say(f"    {event['type']}  {event['reason']}  {note}")
 
         section("The plugin is stopped")
         daemon.stop()

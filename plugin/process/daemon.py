@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from api_versions.negotiate import KUBELET_SOCKET, adapters
-from plugin.cli.config import Settings
+from plugin.cli.config import Settings, events_enabled
 from plugin.cli.sources import describe
 from plugin.discovery.backends.base import Backend
 from plugin.discovery.monitor import DeviceMonitor, TriggerSource
@@ -40,6 +40,7 @@ from plugin.serving.deviceplugin.server import ResourceServer, Timing
 from plugin.version import VERSION
 
 if TYPE_CHECKING:
+    from plugin.process.node_events import NodeEvents
     from plugin.process.probe_server import ProbeServer
 
 log = logging.getLogger(__name__)
@@ -84,8 +85,14 @@ class Daemon:
         self._wanted: frozenset[str] | None = None
         """Resource names of the last device set published (None: none yet)."""
         self.heartbeat = Heartbeat(self.settings.heartbeat_max_age)
+        self.node_events: NodeEvents | None = None
+        if events_enabled(self.settings):  # imported only then: the device plugin pays nothing
+            from plugin.process.node_events import NodeEvents
+
+            self.node_events = NodeEvents.for_settings(self.settings)
         self.dra_side = DraSide(self.settings, self._cdi, self._stop.is_set,
-                                self._withdraw_all, self._publish_again) \
+                                self._withdraw_all, self._publish_again,
+                                moved=self.node_events.api_moved if self.node_events else None) \
             if dra and self._cdi is not None else None
 
     @property
@@ -113,6 +120,8 @@ class Daemon:
                                 health_interval=self.settings.health_interval,
                                 stall_timeout=self.settings.scan_stall_timeout)
         self._monitor = monitor
+        if self.node_events is not None:
+            self.node_events.start(self._stop)
 
         async def follow_devices() -> None:
             await monitor.run(self._publish)
@@ -151,6 +160,8 @@ class Daemon:
             await self._drain()
             if self.dra_side is not None:
                 await self.dra_side.close()
+            if self.node_events is not None:
+                await self.node_events.close()
             if self.probes is not None:
                 await asyncio.to_thread(self.probes.close)
         log.info("stopped; sockets removed")
@@ -170,6 +181,8 @@ class Daemon:
         for name in self._counted - groups.keys():
             metrics.devices(name, DeviceSet.of(()))
         self._counted = set(groups)
+        if self.node_events is not None:
+            self.node_events.devices(node, groups)  # never waits: queued for its own task
         if self.dra_side is not None:
             await self.dra_side.publish(node, groups)
             if not self.dra_side.device_plugin_allowed:

@@ -67,8 +67,11 @@ class DraSide:
 
     def __init__(self, settings: Settings, cdi: SpecWriter, stopping: Callable[[], bool],
                  withdraw_device_plugin: Callable[[], Awaitable[None]],
-                 republish: Callable[[], Awaitable[None]]) -> None:
+                 republish: Callable[[], Awaitable[None]],
+                 moved: Callable[[str, str, str], None] | None = None) -> None:
         self.settings = settings
+        self._moved = moved
+        """Told (now, before, why) when ``auto`` moves the node from one API to the other."""
         self._cdi = cdi
         self._stopping = stopping
         self._withdraw_device_plugin = withdraw_device_plugin
@@ -213,6 +216,8 @@ class DraSide:
         if choice is not self.choice:
             log.info("node %s: serving its devices through %s: %s", self.settings.node_name,
                      choice.value, why)
+            if self.choice is not None and self._moved is not None:
+                self._moved(choice.value, self.choice.value, why)
         else:
             log.debug("node %s: still %s: %s", self.settings.node_name, choice.value, why)
         if choice is NodeApi.DRA:

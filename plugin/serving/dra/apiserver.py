@@ -109,7 +109,7 @@ class ApiServer:
 
     def __init__(self, config: KubeConfig, timeout: float = REQUEST_TIMEOUT) -> None:
         self._client = AsyncClient(config, timeout=httpx2.Timeout(timeout),
-                                   field_manager=FIELD_MANAGER, transport=_transport(config))
+                                   field_manager=FIELD_MANAGER, transport=client_transport(config))
         self._version: str | None = None
         self._resources: dict[tuple[str, str], Any] = {}
 
@@ -144,7 +144,7 @@ class ApiServer:
                             f"{', '.join(KNOWN_VERSIONS)} (DRA not enabled there?)", 404)
 
     async def node_uid(self, node: str) -> str:
-        found = await self._call(self._client.get(_NODE, node))
+        found = await self._call(self._client.get(NODES, node))
         return str(found.metadata.uid)
 
     async def list_slices(self, selector: dict[str, str]) -> tuple[list[dict[str, Any]], str]:
@@ -248,10 +248,10 @@ class ApiServer:
             raise failure from exc
 
 
-_NODE = create_global_resource("", "v1", "Node", "nodes")
+NODES = create_global_resource("", "v1", "Node", "nodes")
 
 
-def _transport(config: KubeConfig) -> WatchPacing:
+def client_transport(config: KubeConfig) -> WatchPacing:
     """The transport httpx would make (the cluster's CA, the user's client certificate),
     under :class:`WatchPacing`: the library makes a watch the server ended anew at once."""
     single = config.get()
@@ -345,6 +345,6 @@ def _plain(obj: Any) -> dict[str, Any]:
 
 
 __all__: Sequence[str] = (
-    "ApiFailure", "ApiRefused", "ApiServer", "ApiUnavailable", "Conflict", "Gone",
-    "NoResourceApi", "NotFound", "load_config", "translate",
+    "NODES", "ApiFailure", "ApiRefused", "ApiServer", "ApiUnavailable", "Conflict", "Gone",
+    "NoResourceApi", "NotFound", "client_transport", "load_config", "translate",
 )
