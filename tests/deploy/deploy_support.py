@@ -112,12 +112,6 @@ PROBE_PORT = 8081
 METRICS_PORT = 8080
 """The ports every manifest and the Helm chart use."""
 
-PENDING_VARIABLES = {"ACCELERATOR_DP_PROBE_PORT", "ACCELERATOR_DP_EVENTS"}
-"""Variables of flags (--probe-port, --events) that land with other parts of the same
-release: accepted as known while this tree's parser lacks them. test_deploy_manifests fails
-once the parser has them, so that this set is emptied then."""
-
-
 def tool(name: str) -> str:
     """A linter binary from this venv (test extra) or PATH; fail, never skip, when absent."""
     for candidate in (BIN / name, shutil.which(name)):

@@ -57,9 +57,11 @@ MINIMUM_RULES = {
     (RESOURCE_GROUP, "resourceclaims"): {"get"},
     (RESOURCE_GROUP, "deviceclasses"): {"get", "list", "watch"},
     ("", "nodes"): {"get"},
+    ("events.k8s.io", "events"): {"create", "patch"},
 }
 """(API group, resource) to verbs: what the DRA example driver asks for, less the claim
-status write this driver does not make, plus reading DeviceClasses for ACCELERATOR_DP_API=auto."""
+status write this driver does not make, plus reading DeviceClasses for ACCELERATOR_DP_API=auto
+and writing the Node's Events (on by default with DRA)."""
 
 DRA_ENV = {
     "ACCELERATOR_DP_API": "auto",

@@ -13,7 +13,6 @@ from deploy_support import (
     DRA_STATE_DIR,
     KUSTOMIZATIONS,
     METRICS_PORT,
-    PENDING_VARIABLES,
     PROBE_PORT,
     REGISTRY_DIR,
     REPO,
@@ -273,13 +272,6 @@ def _flag_variables() -> set[str]:
     return names
 
 
-def test_pending_variables_are_still_pending():
-    """Once --probe-port and --events are in this tree, PENDING_VARIABLES must go: the
-    manifests' variables are then checked against the parser alone."""
-    assert not PENDING_VARIABLES & _flag_variables(), (
-        "the parser reads these now: remove them from deploy_support.PENDING_VARIABLES")
-
-
 SAMPLE_NODE = "fpga-node-1"
 """What the downward API would put in NODE_NAME."""
 
@@ -291,7 +283,7 @@ def parse_serve(args: list[str], monkeypatch: pytest.MonkeyPatch) -> config.Sett
 @pytest.mark.parametrize("name", ALL)
 def test_environment_is_understood_by_serve_and_healthcheck(rendered, name, monkeypatch):
     values = env(rendered[name])
-    unknown = set(values) - _flag_variables() - PENDING_VARIABLES
+    unknown = set(values) - _flag_variables()
     assert not unknown, f"no flag reads {sorted(unknown)}"
     # Only NODE_NAME comes from elsewhere: --node-name's default, from the downward API.
     assert set(env_from(rendered[name])) <= {"NODE_NAME"}
