@@ -1,5 +1,7 @@
 """The command line: ``serve``, ``discover``, ``demo``, ``healthcheck``, and their settings.
 
 ``main`` dispatches subcommands; ``config`` turns flags and ``ACCELERATOR_DP_*`` variables into
-validated settings; ``demo`` runs a simulated node; ``discover`` shows what a node would get.
+validated settings; ``discover`` shows what a node would get. ``demo`` runs a simulated node
+from the source tree's ``compat_tests/`` (its code is in no wheel: a node install says how to
+get it).
 """

@@ -140,10 +140,11 @@ def test_build_context_holds_the_sources_and_nothing_else(image):
                    "protos/v1beta1/api.proto", "plugin/cli/main.py", "api_versions/wire.py"):
         assert needed in files
     tops = {f.split("/")[0] for f in files}
-    assert tops <= {"pyproject.toml", "MANIFEST.in", "README.md", "build_support", "protos",
-                    "api_versions", "plugin", "compat_tests"}
+    # compat_tests/ (emulators, fake sysfs trees, the demo) is in no wheel: not sent either.
+    assert tops <= {"pyproject.toml", "MANIFEST.in", "README.md", "LICENSE", "build_support",
+                    "protos", "api_versions", "plugin"}
     assert not any("__pycache__" in f or f.endswith(".pyc") for f in files)
-    assert not any(f.startswith(("api_versions/_generated/", "compat_tests/kind/")) for f in files)
+    assert not any(f.startswith("api_versions/_generated/") for f in files)
 
 
 # --- stage 1: the wheel -----------------------------------------------------------------
@@ -158,6 +159,8 @@ def test_wheel_carries_descriptors_generated_from_protos(image):
     for generation in ("v1alpha1", "v1alpha2", "v1beta1"):
         assert f"api_versions/_generated/{generation}.binpb" in names
     assert "plugin/cli/main.py" in names
+    assert {n.split("/")[0] for n in names} == {
+        "plugin", "api_versions", next(n for n in names if ".dist-info/" in n).split("/")[0]}
     assert "accelerator-device-plugin = plugin.cli.main:main" in entry_points
     requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
     assert not any("grpcio-tools" in r or "grpcio_tools" in r for r in requires)
@@ -187,6 +190,16 @@ def test_runtime_venv_has_no_build_or_packaging_tools(image):
     assert list((site / "plugin").glob("__pycache__/*.pyc"))
 
 
+def test_runtime_venv_holds_no_emulator_fake_tree_or_demo(image):
+    site = next(image.venv.glob("lib/python3*/site-packages"))
+    ours = [p for top in ("plugin", "api_versions") for p in (site / top).rglob("*.py")]
+    assert ours
+    assert not {p.name for p in ours if p.name.startswith(("fake_", "demo"))}
+    assert not (site / "compat_tests").exists()
+    probe = run_in_image(image, str(image.venv / "bin" / "python"), "-c", "import compat_tests")
+    assert "No module named 'compat_tests'" in probe.stderr
+
+
 def test_runtime_stage_strips_packaging_tools_from_the_base_python(image):
     python = image.base_stand_in / "bin" / "python"
     for module in ("pip", "setuptools"):
@@ -208,12 +221,30 @@ def test_runtime_help_and_discover(image):
     assert helped.returncode == 0, helped.stderr
     for command in ("serve", "discover", "healthcheck"):
         assert command in helped.stdout
+    for command in ("serve", "discover", "healthcheck"):
+        sub = run_in_image(image, "accelerator-device-plugin", command, "--help")
+        assert sub.returncode == 0 and "usage:" in sub.stdout, sub.stderr
     found = run_in_image(image, "accelerator-device-plugin", "discover", "--backend", "units",
                          "--accel-nbunits", "3")
     assert found.returncode == 0, found.stderr
     rows = [line.split() for line in found.stdout.splitlines()[1:] if line.strip()]
     assert [r[0] for r in rows] == ["0", "1", "2"]
     assert all("Healthy" in r for r in rows)
+
+
+def test_runtime_demo_says_in_one_line_how_to_get_it(image):
+    for node in ("intel", "migrate"):
+        done = run_in_image(image, "accelerator-device-plugin", "demo", "--node", node)
+        assert done.returncode == 2 and done.stdout == ""
+        (line,) = done.stderr.splitlines()
+        assert "the demo is not part of this install" in line
+        assert "make demo" in line and "pip install '.[demo]'" in line
+
+
+def test_runtime_healthcheck_answers_without_a_heartbeat(image, tmp_path):
+    done = run_in_image(image, "accelerator-device-plugin", "healthcheck",
+                        extra={"ACCELERATOR_DP_HEARTBEAT_FILE": str(tmp_path / "none")})
+    assert done.returncode == 1 and done.stdout.strip(), done.stderr
 
 
 # --- the running image: liveness and memory ------------------------------------------------
