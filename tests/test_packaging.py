@@ -28,8 +28,15 @@ SOURCE_TREE_ONLY = "compat_tests"
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> tuple[Path, str]:
-    """The wheel as `pip install .` builds it (with build isolation), and pip's output."""
+    """The wheel as `pip install .` builds it (with build isolation), and pip's output.
+
+    Built in a tree that once built a release which shipped the demo: setuptools' build/lib
+    still holds it, and must not pack it again."""
     out = tmp_path_factory.mktemp("wheel")
+    for stale in ("plugin/cli/demo.py", "compat_tests/__init__.py"):
+        left = REPO / "build" / "lib" / stale
+        left.parent.mkdir(parents=True, exist_ok=True)
+        left.write_text('"""Left by an earlier build."""\n')
     done = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(out), str(REPO)],
         capture_output=True, text=True, timeout=600, check=False,
