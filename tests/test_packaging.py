@@ -11,6 +11,7 @@ import ast
 import contextlib
 import subprocess
 import sys
+import tomllib
 import zipfile
 from collections.abc import Iterator
 from email.parser import Parser
@@ -74,6 +75,18 @@ def test_wheel_ships_only_the_runtime_packages(built) -> None:
     stems = {Path(n).stem for n in names if n.endswith(".py")}
     assert not {s for s in stems if s.startswith(("fake_", "demo"))}, stems
     assert "plugin/cli/main.py" in names and "api_versions/wire.py" in names
+
+
+def test_wheel_carries_the_license_text_and_the_version(built) -> None:
+    wheel, _ = built
+    (license_file,) = [n for n in _names(wheel) if n.endswith("/licenses/LICENSE")]
+    with zipfile.ZipFile(wheel) as archive:
+        assert archive.read(license_file) == (REPO / "LICENSE").read_bytes()
+    metadata = _metadata(wheel)
+    assert metadata["License-Expression"] == ["Apache-2.0"]
+    assert metadata["License-File"] == ["LICENSE"]
+    with (REPO / "pyproject.toml").open("rb") as file:
+        assert metadata["Version"] == [tomllib.load(file)["project"]["version"]]
 
 
 def test_demo_dependencies_are_an_extra_not_a_runtime_requirement(built) -> None:

@@ -136,7 +136,7 @@ def test_instruction_parser_joins_continuations_and_drops_comments():
 
 def test_build_context_holds_the_sources_and_nothing_else(image):
     files = set(image.context)
-    for needed in ("pyproject.toml", "README.md", "build_support/backend.py",
+    for needed in ("pyproject.toml", "README.md", "LICENSE", "build_support/backend.py",
                    "protos/v1beta1/api.proto", "plugin/cli/main.py", "api_versions/wire.py"):
         assert needed in files
     tops = {f.split("/")[0] for f in files}
