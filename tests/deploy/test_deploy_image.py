@@ -8,6 +8,7 @@ what its COPY --from lines take. The tests then run that venv the way the image 
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import signal
 import statistics
@@ -32,6 +33,8 @@ from dockerfile_replay import (
     replay_stage,
     stages,
 )
+
+from build_support.release import package_version
 
 DOCKERFILE = REPO / "Dockerfile.multistage"
 OCI_LABELS = {"title", "description", "version", "revision", "licenses"}
@@ -118,6 +121,7 @@ def test_runtime_stage_adds_only_the_venv_and_metadata():
     labels = " ".join(i.arguments for i in runtime.instructions if i.keyword == "LABEL")
     for label in OCI_LABELS:
         assert f"org.opencontainers.image.{label}=" in labels
+    assert 'org.opencontainers.image.version="${VERSION}"' in labels
     (health,) = [i.arguments for i in runtime.instructions if i.keyword == "HEALTHCHECK"]
     assert 'CMD ["accelerator-device-plugin", "healthcheck"]' in health
     assert keywords[-2:] == ["ENTRYPOINT", "CMD"]
@@ -164,6 +168,19 @@ def test_wheel_carries_descriptors_generated_from_protos(image):
     assert "accelerator-device-plugin = plugin.cli.main:main" in entry_points
     requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
     assert not any("grpcio-tools" in r or "grpcio_tools" in r for r in requires)
+
+
+def test_build_stage_refuses_a_version_the_package_does_not_report(tmp_path):
+    # What the release workflow's VERSION build argument must agree with: the package.
+    global_args, all_stages = stages(DOCKERFILE.read_text())
+    assert global_args["VERSION"] == package_version(REPO)
+    files = sorted(context_files(REPO, ignore_rules((REPO / ".dockerignore").read_text())))
+    base_python = Path(getattr(sys, "_base_executable", sys.executable)).resolve()
+    python = base_image_python(base_python, tmp_path / "build-stage-python")
+    said = rf"VERSION=9\.9\.9, but the package built is {re.escape(package_version(REPO))}"
+    with pytest.raises(AssertionError, match=said):
+        replay_stage(_stage(all_stages, "build"), {**global_args, "VERSION": "9.9.9"},
+                     tmp_path / "rootfs", python, context=REPO, files=files)
 
 
 # --- stage 2: only what it copies -----------------------------------------------------------
