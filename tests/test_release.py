@@ -196,3 +196,39 @@ def test_check_refuses_what_must_not_be_released(tmp_path, version, tag, changel
 def test_this_tree_releases_only_its_own_version():
     done = _run("check", "v0.0.1")
     assert done.returncode == 1 and f"package version '{VERSION}'" in done.stderr
+
+
+# --- the release workflow ------------------------------------------------------------------
+
+
+def test_release_workflow_checks_tests_then_pushes_multi_arch_and_the_chart():
+    workflow = yaml.safe_load((REPO / ".github" / "workflows" / "release.yml").read_text())
+    assert workflow[True]["push"] == {"tags": ["v*"]}  # YAML 1.1 reads `on` as true
+    jobs = workflow["jobs"]
+    check_step = " ".join(s.get("run", "") for s in jobs["check"]["steps"])
+    assert 'release.py check "$GITHUB_REF_NAME"' in check_step
+    assert jobs["test"]["needs"] == "check"
+    for name in ("image", "chart"):
+        assert set(jobs[name]["needs"]) == {"check", "test"}, name
+    assert set(jobs["release"]["needs"]) >= {"image", "chart"}
+    steps = {s.get("uses", "").split("@")[0]: s for s in jobs["image"]["steps"]}
+    for action in ("docker/setup-qemu-action", "docker/setup-buildx-action",
+                   "docker/login-action", "docker/build-push-action"):
+        assert action in steps, action
+    build = steps["docker/build-push-action"]["with"]
+    assert build["platforms"] == "linux/amd64,linux/arm64" and build["push"] is True
+    assert build["file"] == "Dockerfile.multistage"
+    assert {line.split("=")[0] for line in build["build-args"].splitlines()} == {
+        "VERSION", "REVISION"}
+    runs = " ".join(s.get("run", "") for job in jobs.values() for s in job["steps"])
+    assert "helm package deploy/helm/accelerator-device-plugin" in runs
+    assert '--version "$VERSION"' in runs and '--app-version "$VERSION"' in runs
+    assert "release.py notes" in runs and "gh release create" in runs
+
+
+def test_release_workflow_pins_every_action_at_least_by_major_version():
+    text = (REPO / ".github" / "workflows" / "release.yml").read_text()
+    uses = re.findall(r"uses:\s*(\S+)", text)
+    assert uses
+    for action in uses:
+        assert re.fullmatch(r"[\w.-]+/[\w.-]+@(v\d+(\.\d+)*|[0-9a-f]{40})", action), action
