@@ -14,8 +14,10 @@ $(STAMP): pyproject.toml build_support/backend.py $(wildcard protos/*/api.proto)
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
+# The demo's code (compat_tests/) is in no installed package: `python -m` from the checkout's
+# root finds it there, as pytest and `make bench` do.
 demo: $(STAMP)
-	$(BIN)/accelerator-device-plugin demo $(if $(DEMO),--node $(DEMO))
+	$(BIN)/python -m plugin demo $(if $(DEMO),--node $(DEMO))
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -15,16 +15,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.table import Row, median, ms
-from plugin.discovery.backends import BackendConfig, make_backend
-from plugin.discovery.backends.aws import AwsBackend
-from plugin.discovery.backends.base import Backend
-from plugin.discovery.backends.fake_alveo import build_alveo_node
-from plugin.discovery.backends.fake_sysfs import (
+from compat_tests.fake_alveo import build_alveo_node
+from compat_tests.fake_sysfs import (
     FakeNode,
     build_f1_16xlarge,
     build_f2_48xlarge,
     build_ports,
 )
+from plugin.discovery.backends import BackendConfig, make_backend
+from plugin.discovery.backends.aws import AwsBackend
+from plugin.discovery.backends.base import Backend
 from plugin.model.devices import DeviceSet
 from plugin.model.resources import group_by_resource
 

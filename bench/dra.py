@@ -34,9 +34,9 @@ from bench.dra_world import DRIVER, REFERENCE, DraWorld, dra_world
 from bench.serving import serve_command
 from bench.serving import stop as _stop
 from bench.table import Row, median, ms, percentile
+from compat_tests.fake_sysfs import FakeNode, build_intel_node
 from compat_tests.kubelet import KubeletEmulator
 from compat_tests.kubelet.dra_results import ClaimRef
-from plugin.discovery.backends.fake_sysfs import FakeNode, build_intel_node
 
 CLAIMS = 1000
 WARM_UP = 100

@@ -120,7 +120,7 @@ def _cpu_ns(pid: int) -> int:
 async def _measure(root: Path, count: int, no_fsync: bool, held: bool) -> None:
     from bench.dra import PORTS, _claims
     from bench.dra_world import DRIVER, dra_world
-    from plugin.discovery.backends.fake_sysfs import build_intel_node
+    from compat_tests.fake_sysfs import build_intel_node
 
     node = build_intel_node(root / "node")
     (root / "dra").mkdir()

@@ -36,10 +36,10 @@ from bench.serving import stop as _stop
 from compat_tests.apiserver import ApiServerEmulator
 from compat_tests.apiserver.client import ApiClient
 from compat_tests.apiserver.store import Event, Watcher
+from compat_tests.fake_sysfs import FakeNode
 from compat_tests.kubelet import KubeletEmulator
 from compat_tests.kubelet.dra import DraConfig
 from compat_tests.kubelet.dra_results import ClaimRef
-from plugin.discovery.backends.fake_sysfs import FakeNode
 
 NODE = "node-a"
 DRIVER = "accelerator.b-com.com"

@@ -21,13 +21,13 @@ from pathlib import Path
 from bench.serving import spawn_serve
 from bench.serving import stop as _stop
 from bench.table import Row, median, ms
-from compat_tests.kubelet import KubeletEmulator
-from plugin.discovery.backends.fake_sysfs import (
+from compat_tests.fake_sysfs import (
     CRASHED_AFU_ID,
     DEFAULT_AFU_ID,
     FakeNode,
     build_intel_node,
 )
+from compat_tests.kubelet import KubeletEmulator
 
 RESOURCE = "b-com.com/accelerator"
 WATCHED = "0000:5e:00.0"

@@ -22,8 +22,8 @@ from bench import reference_plugin
 from bench.serving import spawn_serve
 from bench.serving import stop as _stop
 from bench.table import Row
+from compat_tests.fake_sysfs import build_intel_node
 from compat_tests.kubelet import KubeletEmulator
-from plugin.discovery.backends.fake_sysfs import build_intel_node
 
 IDLE_SECONDS = 60.0
 SETTLE_SECONDS = 3.0

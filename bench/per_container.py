@@ -34,8 +34,8 @@ from bench import reference_plugin
 from bench.serving import serve_command
 from bench.serving import stop as _stop
 from bench.table import Row, median, ms, percentile
+from compat_tests.fake_sysfs import FakeNode
 from compat_tests.kubelet import KubeletEmulator
-from plugin.discovery.backends.fake_sysfs import FakeNode
 
 RESOURCE = "b-com.com/accelerator"
 UNITS = 40

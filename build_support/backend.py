@@ -9,6 +9,7 @@ inspects the package, so a fresh clone never depends on generated files being co
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 from setuptools import build_meta as _setuptools
@@ -110,7 +111,18 @@ def build_wheel(
     metadata_directory: str | None = None,
 ) -> str:
     generate_descriptors()
+    _forget_earlier_builds()
     return _setuptools.build_wheel(wheel_directory, config_settings, metadata_directory)
+
+
+def _forget_earlier_builds() -> None:
+    """Empty setuptools' ``build/lib`` of this tree before a wheel is built from it.
+
+    setuptools copies the packages into ``build/lib`` and packs whatever is there, but never
+    removes what an earlier build left: a module moved out of the shipped packages (the demo,
+    the emulators) would still reach every wheel built in a tree that once built it.
+    """
+    shutil.rmtree(ROOT / "build" / "lib", ignore_errors=True)
 
 
 def build_editable(

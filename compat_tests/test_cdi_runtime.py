@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from plugin.discovery.backends.fake_sysfs import FakeNode
+from compat_tests.fake_sysfs import FakeNode
 from tests.cdi_conformance import check
 
 SPEC_DIR = Path("/var/run/cdi")

@@ -7,7 +7,7 @@ import asyncio
 import json
 from pathlib import Path
 
-from plugin.discovery.backends.fake_sysfs import OTHER_AFU_ID, FakeNode
+from compat_tests.fake_sysfs import OTHER_AFU_ID, FakeNode
 from tests.cdi_conformance import check
 
 RESOURCE = "b-com.com/accelerator"

@@ -26,11 +26,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from compat_tests.apiserver import ApiServerEmulator
 from compat_tests.conftest import FAST_DRA
 from compat_tests.dra_support import until, wiper
+from compat_tests.fake_sysfs import FakeNode
 from compat_tests.kubelet import KubeletEmulator
 from compat_tests.kubelet.dra import DraConfig
 from compat_tests.kubelet.dra_results import ClaimRef
 from compat_tests.plugin_process import PluginProcess
-from plugin.discovery.backends.fake_sysfs import FakeNode
 
 NODE = "node-a"
 DRIVER = "accelerator.b-com.com"

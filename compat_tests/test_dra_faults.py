@@ -25,12 +25,12 @@ from compat_tests.apiserver import DEFAULT_USER, ApiServerEmulator
 from compat_tests.apiserver.client import ApiClient
 from compat_tests.conftest import FAST_DRA
 from compat_tests.dra_support import recorded_claims, until
+from compat_tests.fake_sysfs import CRASHED_AFU_ID, DEFAULT_AFU_ID, FakeNode
 from compat_tests.kubelet import KubeletEmulator
 from compat_tests.kubelet.dra import DraConfig
 from compat_tests.kubelet.dra_results import ClaimRef, DeviceHealthRecord
 from compat_tests.plugin_process import PluginProcess, run_at_start_up
 from compat_tests.test_faults_discovery import HANGING_READS
-from plugin.discovery.backends.fake_sysfs import CRASHED_AFU_ID, DEFAULT_AFU_ID, FakeNode
 from plugin.serving.dra.driver import CHECKPOINT_FILE
 
 NODE = "node-a"

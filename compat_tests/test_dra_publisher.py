@@ -21,7 +21,7 @@ from api_versions.resource_slices import slices_for
 from compat_tests.apiserver import ApiServerEmulator, validate
 from compat_tests.apiserver.client import ApiClient
 from compat_tests.dra_support import until
-from plugin.discovery.backends.fake_sysfs import CRASHED_AFU_ID, FakeNode
+from compat_tests.fake_sysfs import CRASHED_AFU_ID, FakeNode
 from plugin.discovery.backends.intel import IntelBackend
 from plugin.model.devices import DeviceSet
 from plugin.serving.dra.apiserver import ApiRefused, ApiServer, NoResourceApi

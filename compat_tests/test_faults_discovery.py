@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from compat_tests.fake_sysfs import DEFAULT_AFU_ID, FakeNode
 from compat_tests.plugin_process import PluginProcess, run_at_start_up
-from plugin.discovery.backends.fake_sysfs import DEFAULT_AFU_ID, FakeNode
 
 RESOURCE = "b-com.com/accelerator"
 JOB_BEFORE_HANG = 0.1

@@ -8,8 +8,8 @@ again under another ID.
 
 from __future__ import annotations
 
+from compat_tests.fake_sysfs import FakeNode
 from compat_tests.test_faults_discovery import RESOURCE, SETTLE, intel_flags, stops_promptly
-from plugin.discovery.backends.fake_sysfs import FakeNode
 
 PORT0 = "0000:3b:00.0"
 PORT1 = "0000:3b:00.0-port1"

@@ -13,8 +13,8 @@ import asyncio
 import grpc
 import pytest
 
+from compat_tests.fake_sysfs import FakeNode
 from compat_tests.kubelet import PluginCallError
-from plugin.discovery.backends.fake_sysfs import FakeNode
 
 RESOURCE = "b-com.com/accelerator"
 ALL_UNITS = ["0", "1", "2", "3"]

@@ -110,7 +110,7 @@ async def test_auto_without_a_registry_directory_is_kubelet_sock_at_once(
 
 
 async def test_per_afu_resources_each_get_a_watcher_socket(kubelet, plugin, sockdir, tmp_path):
-    from plugin.discovery.backends.fake_sysfs import OTHER_AFU_ID, FakeNode
+    from compat_tests.fake_sysfs import OTHER_AFU_ID, FakeNode
 
     fake = FakeNode(tmp_path / "node")
     fake.add_dfl_card("0000:3b:00.0")

@@ -21,17 +21,17 @@ import grpc
 import pytest
 
 from api_versions.wire import WireApi, client_call
-from compat_tests.kubelet import PluginCallError
-from compat_tests.plugin_process import PluginProcess
-from compat_tests.test_matrix import ALL_UNITS, RESOURCE, SETTLE, assert_serves_units, unit_ids
-from plugin.discovery.backends import fake_alveo
-from plugin.discovery.backends.fake_sysfs import (
+from compat_tests import fake_alveo
+from compat_tests.fake_sysfs import (
     AMAZON_VENDOR,
     CRASHED_AFU_ID,
     DEFAULT_AFU_ID,
     F1_CLEARED,
     FakeNode,
 )
+from compat_tests.kubelet import PluginCallError
+from compat_tests.plugin_process import PluginProcess
+from compat_tests.test_matrix import ALL_UNITS, RESOURCE, SETTLE, assert_serves_units, unit_ids
 
 F2_AFI = ("0x10ee", "0xf010")
 """An image with its own vendor: the F2 slot must come back under it, found by its mailbox."""

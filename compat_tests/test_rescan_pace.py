@@ -15,9 +15,9 @@ import textwrap
 
 import pytest
 
+from compat_tests.fake_sysfs import FakeNode
 from compat_tests.plugin_process import PluginProcess, run_at_start_up
 from compat_tests.test_faults_discovery import RESOURCE, SETTLE, messages, stops_promptly
-from plugin.discovery.backends.fake_sysfs import FakeNode
 
 REFUSE_NETLINK = textwrap.dedent('''
     """Loaded at start-up from PYTHONPATH: netlink sockets are refused, as a seccomp

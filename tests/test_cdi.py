@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from compat_tests.fake_alveo import build_alveo_node
+from compat_tests.fake_sysfs import build_intel_node
 from plugin.discovery.backends.alveo import AlveoBackend
-from plugin.discovery.backends.fake_alveo import build_alveo_node
-from plugin.discovery.backends.fake_sysfs import build_intel_node
 from plugin.discovery.backends.intel import IntelBackend
 from plugin.discovery.backends.units import UnitsBackend
 from plugin.model.devices import Device, DeviceNode, DeviceSet, Mount

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from plugin.discovery.backends.fake_sysfs import build_broken_node, build_intel_node
+from compat_tests.fake_sysfs import build_broken_node, build_intel_node
 
 
 def discover(node_root: Path, *extra: str) -> subprocess.CompletedProcess[str]:

@@ -18,15 +18,15 @@ from pathlib import Path
 import pytest
 
 from api_versions.retry import RetryPolicy
-from compat_tests.kubelet import KubeletEmulator
-from plugin.cli.config import Settings
-from plugin.discovery.backends import make_backend
-from plugin.discovery.backends.fake_sysfs import (
+from compat_tests.fake_sysfs import (
     DEFAULT_AFU_ID,
     OTHER_AFU_ID,
     FakeNode,
     build_intel_node,
 )
+from compat_tests.kubelet import KubeletEmulator
+from plugin.cli.config import Settings
+from plugin.discovery.backends import make_backend
 from plugin.model.resources import afu_resource_name
 from plugin.process.daemon import Daemon, heartbeat_fresh
 from plugin.serving.deviceplugin.server import Timing

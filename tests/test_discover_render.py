@@ -5,15 +5,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from plugin.cli.discover import render_json, render_table
-from plugin.discovery.backends.alveo import AlveoBackend
-from plugin.discovery.backends.fake_alveo import DEFAULT_SHELL, DEFAULT_TIMESTAMP, add_alveo_card
-from plugin.discovery.backends.fake_sysfs import (
+from compat_tests.fake_alveo import DEFAULT_SHELL, DEFAULT_TIMESTAMP, add_alveo_card
+from compat_tests.fake_sysfs import (
     CRASHED_AFU_ID,
     DEFAULT_AFU_ID,
     FakeNode,
     build_intel_node,
 )
+from plugin.cli.discover import render_json, render_table
+from plugin.discovery.backends.alveo import AlveoBackend
 from plugin.discovery.backends.intel import IntelBackend
 from plugin.discovery.backends.units import UnitsBackend
 

@@ -15,15 +15,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from compat_tests.apiserver import fielderrors, rules_common
-from plugin.discovery.backends import make_backend
-from plugin.discovery.backends.fake_alveo import (
+from compat_tests.fake_alveo import (
     add_alveo_card,
     build_alveo_node,
     set_state,
     trip_firewall,
     unbind_xocl,
 )
-from plugin.discovery.backends.fake_sysfs import (
+from compat_tests.fake_sysfs import (
     DEFAULT_AFU_ID,
     DEFAULT_INTERFACE_ID,
     OTHER_AFU_ID,
@@ -33,6 +32,7 @@ from plugin.discovery.backends.fake_sysfs import (
     build_f2_48xlarge,
     build_intel_node,
 )
+from plugin.discovery.backends import make_backend
 from plugin.discovery.backends.units import UnitsBackend
 from plugin.model.devices import Device, DeviceSet, Health
 from plugin.serving.dra.inventory import (
@@ -254,7 +254,7 @@ def test_pcie_root_only_as_discovery_read_it() -> None:
 
 
 def test_every_attribute_name_and_value_is_one_a_server_accepts(tmp_path: Path) -> None:
-    from plugin.discovery.backends.fake_alveo import build_mixed_node
+    from compat_tests.fake_alveo import build_mixed_node
 
     devices = list(pool_for(build_mixed_node(tmp_path)).devices)
     devices += pool_of(DRIVER, NODE, DeviceSet.of(UnitsBackend(2).scan())).devices

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from compat_tests.fake_sysfs import FakeNode
 from plugin.discovery.backends.base import Deviceless
-from plugin.discovery.backends.fake_sysfs import FakeNode
 from plugin.discovery.backends.intel import IntelBackend
 from plugin.discovery.monitor import DeviceMonitor
 from plugin.model.devices import Device, DeviceSet

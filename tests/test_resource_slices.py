@@ -21,9 +21,9 @@ from api_versions.resource_slices import (
 )
 from compat_tests.apiserver import MODELS, load_model, validate
 from compat_tests.apiserver.pipeline import decode_write, encode_read
+from compat_tests.fake_alveo import build_mixed_node
+from compat_tests.fake_sysfs import build_broken_node
 from plugin.discovery.backends import make_backend
-from plugin.discovery.backends.fake_alveo import build_mixed_node
-from plugin.discovery.backends.fake_sysfs import build_broken_node
 from plugin.discovery.backends.units import UnitsBackend
 from plugin.model.devices import Device, DeviceSet, Health
 from plugin.serving.dra.inventory import Pool, pool_of

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from api_versions.adapter import Adapter
 from api_versions.negotiate import adapters
 from api_versions.wire_values import MAX_ID_BYTES, id_problem
-from plugin.discovery.backends.fake_sysfs import FakeNode, build_intel_node
+from compat_tests.fake_sysfs import FakeNode, build_intel_node
 from plugin.discovery.backends.intel import IntelBackend
 from plugin.model.devices import MAX_NUMA_NODES, Device, Health
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from plugin.discovery.backends.fake_sysfs import FakeNode, build_f1_16xlarge, build_intel_node
+from compat_tests.fake_sysfs import FakeNode, build_f1_16xlarge, build_intel_node
 from plugin.model.devices import Device
 
 

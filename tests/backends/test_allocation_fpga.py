@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from compat_tests.fake_sysfs import CRASHED_AFU_ID, FakeNode
 from plugin.discovery.backends.aws import AwsF1Backend
-from plugin.discovery.backends.fake_sysfs import CRASHED_AFU_ID, FakeNode
 from plugin.discovery.backends.intel import IntelBackend
 from plugin.model.allocation import (
     ENV_DEVICES,

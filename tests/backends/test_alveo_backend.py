@@ -11,10 +11,11 @@ import pytest
 from damage import FAST_TMP, apply, captured, damage_lists
 from hypothesis import HealthCheck, given, settings
 
-from plugin.discovery.backends import fake_alveo, make_backend
+from compat_tests import fake_alveo
+from compat_tests.fake_alveo import ALVEO_CARDS, add_alveo_card, build_alveo_node
+from compat_tests.fake_sysfs import FakeNode, _link, _write
+from plugin.discovery.backends import make_backend
 from plugin.discovery.backends.alveo import AlveoBackend
-from plugin.discovery.backends.fake_alveo import ALVEO_CARDS, add_alveo_card, build_alveo_node
-from plugin.discovery.backends.fake_sysfs import FakeNode, _link, _write
 from plugin.model.devices import DeviceSet
 from plugin.model.resource_names import resource_name_problem
 from plugin.model.resources import group_by_resource, shell_resource_name

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from conftest import by_id
 
+from compat_tests.fake_sysfs import AMAZON_VENDOR, F1_16XLARGE_SLOTS, FakeNode
 from plugin.discovery.backends.aws import AwsF1Backend
-from plugin.discovery.backends.fake_sysfs import AMAZON_VENDOR, F1_16XLARGE_SLOTS, FakeNode
 from plugin.model.devices import Health
 
 

@@ -17,8 +17,7 @@ from conftest import by_id
 from damage import FAST_TMP, ID, apply, captured, damage_lists, touched
 from hypothesis import HealthCheck, given, settings
 
-from plugin.discovery.backends.aws import AwsBackend, AwsF1Backend
-from plugin.discovery.backends.fake_sysfs import (
+from compat_tests.fake_sysfs import (
     AMAZON_VENDOR,
     F2_48XLARGE_SLOTS,
     F2_CLEARED,
@@ -26,6 +25,7 @@ from plugin.discovery.backends.fake_sysfs import (
     FakeNode,
     build_f2_48xlarge,
 )
+from plugin.discovery.backends.aws import AwsBackend, AwsF1Backend
 from plugin.model.devices import Device, Health
 
 XILINX = "0x10ee"

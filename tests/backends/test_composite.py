@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from compat_tests.fake_sysfs import FakeNode
 from plugin.discovery.backends import BACKEND_NAMES, BackendConfig, make_backend
 from plugin.discovery.backends.auto import AutoBackend, CompositeBackend
 from plugin.discovery.backends.base import ABILITIES, Backend
-from plugin.discovery.backends.fake_sysfs import FakeNode
 
 
 def protocol_members() -> set[str]:

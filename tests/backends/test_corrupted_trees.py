@@ -11,8 +11,8 @@ from pathlib import Path
 from damage import FAST_TMP, ID, apply, captured, damage_lists, touched
 from hypothesis import HealthCheck, given, settings
 
+from compat_tests.fake_sysfs import FakeNode, build_intel_node
 from plugin.discovery.backends.aws import AwsF1Backend
-from plugin.discovery.backends.fake_sysfs import FakeNode, build_intel_node
 from plugin.discovery.backends.intel import IntelBackend
 from plugin.model.devices import Device
 

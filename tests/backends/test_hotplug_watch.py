@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from plugin.discovery.backends.fake_sysfs import FakeNode
+from compat_tests.fake_sysfs import FakeNode
 from plugin.discovery.backends.intel import IntelBackend
 from plugin.discovery.monitor import DeviceMonitor
 from plugin.model.devices import DeviceSet

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import by_id
 
-from plugin.discovery.backends.fake_sysfs import (
+from compat_tests.fake_sysfs import (
     CRASHED_AFU_ID,
     DEFAULT_AFU_ID,
     DEFAULT_INTERFACE_ID,

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from compat_tests.fake_sysfs import F1_16XLARGE_SLOTS, FakeNode
 from plugin.cli.config import BACKEND_CHOICES
 from plugin.discovery.backends import BACKEND_NAMES, BackendConfig, make_backend, uevent_subsystems
-from plugin.discovery.backends.fake_sysfs import F1_16XLARGE_SLOTS, FakeNode
 
 
 def test_every_flag_choice_builds_a_backend(tmp_path: Path) -> None:

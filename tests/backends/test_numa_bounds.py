@@ -14,8 +14,8 @@ from conftest import by_id
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from compat_tests.fake_sysfs import FakeNode
 from plugin.discovery.backends.aws import AwsF1Backend
-from plugin.discovery.backends.fake_sysfs import FakeNode
 from plugin.discovery.backends.intel import IntelBackend
 from plugin.discovery.backends.pcifn import numa_node
 from plugin.discovery.backends.sysfs import Attr

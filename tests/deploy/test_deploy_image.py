@@ -8,6 +8,7 @@ what its COPY --from lines take. The tests then run that venv the way the image 
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import signal
 import statistics
@@ -32,6 +33,8 @@ from dockerfile_replay import (
     replay_stage,
     stages,
 )
+
+from build_support.release import package_version
 
 DOCKERFILE = REPO / "Dockerfile.multistage"
 OCI_LABELS = {"title", "description", "version", "revision", "licenses"}
@@ -118,6 +121,7 @@ def test_runtime_stage_adds_only_the_venv_and_metadata():
     labels = " ".join(i.arguments for i in runtime.instructions if i.keyword == "LABEL")
     for label in OCI_LABELS:
         assert f"org.opencontainers.image.{label}=" in labels
+    assert 'org.opencontainers.image.version="${VERSION}"' in labels
     (health,) = [i.arguments for i in runtime.instructions if i.keyword == "HEALTHCHECK"]
     assert 'CMD ["accelerator-device-plugin", "healthcheck"]' in health
     assert keywords[-2:] == ["ENTRYPOINT", "CMD"]
@@ -136,14 +140,15 @@ def test_instruction_parser_joins_continuations_and_drops_comments():
 
 def test_build_context_holds_the_sources_and_nothing_else(image):
     files = set(image.context)
-    for needed in ("pyproject.toml", "README.md", "build_support/backend.py",
+    for needed in ("pyproject.toml", "README.md", "LICENSE", "build_support/backend.py",
                    "protos/v1beta1/api.proto", "plugin/cli/main.py", "api_versions/wire.py"):
         assert needed in files
     tops = {f.split("/")[0] for f in files}
-    assert tops <= {"pyproject.toml", "MANIFEST.in", "README.md", "build_support", "protos",
-                    "api_versions", "plugin", "compat_tests"}
+    # compat_tests/ (emulators, fake sysfs trees, the demo) is in no wheel: not sent either.
+    assert tops <= {"pyproject.toml", "MANIFEST.in", "README.md", "LICENSE", "build_support",
+                    "protos", "api_versions", "plugin"}
     assert not any("__pycache__" in f or f.endswith(".pyc") for f in files)
-    assert not any(f.startswith(("api_versions/_generated/", "compat_tests/kind/")) for f in files)
+    assert not any(f.startswith("api_versions/_generated/") for f in files)
 
 
 # --- stage 1: the wheel -----------------------------------------------------------------
@@ -158,9 +163,24 @@ def test_wheel_carries_descriptors_generated_from_protos(image):
     for generation in ("v1alpha1", "v1alpha2", "v1beta1"):
         assert f"api_versions/_generated/{generation}.binpb" in names
     assert "plugin/cli/main.py" in names
+    assert {n.split("/")[0] for n in names} == {
+        "plugin", "api_versions", next(n for n in names if ".dist-info/" in n).split("/")[0]}
     assert "accelerator-device-plugin = plugin.cli.main:main" in entry_points
     requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
     assert not any("grpcio-tools" in r or "grpcio_tools" in r for r in requires)
+
+
+def test_build_stage_refuses_a_version_the_package_does_not_report(tmp_path):
+    # What the release workflow's VERSION build argument must agree with: the package.
+    global_args, all_stages = stages(DOCKERFILE.read_text())
+    assert global_args["VERSION"] == package_version(REPO)
+    files = sorted(context_files(REPO, ignore_rules((REPO / ".dockerignore").read_text())))
+    base_python = Path(getattr(sys, "_base_executable", sys.executable)).resolve()
+    python = base_image_python(base_python, tmp_path / "build-stage-python")
+    said = rf"VERSION=9\.9\.9, but the package built is {re.escape(package_version(REPO))}"
+    with pytest.raises(AssertionError, match=said):
+        replay_stage(_stage(all_stages, "build"), {**global_args, "VERSION": "9.9.9"},
+                     tmp_path / "rootfs", python, context=REPO, files=files)
 
 
 # --- stage 2: only what it copies -----------------------------------------------------------
@@ -187,6 +207,16 @@ def test_runtime_venv_has_no_build_or_packaging_tools(image):
     assert list((site / "plugin").glob("__pycache__/*.pyc"))
 
 
+def test_runtime_venv_holds_no_emulator_fake_tree_or_demo(image):
+    site = next(image.venv.glob("lib/python3*/site-packages"))
+    ours = [p for top in ("plugin", "api_versions") for p in (site / top).rglob("*.py")]
+    assert ours
+    assert not {p.name for p in ours if p.name.startswith(("fake_", "demo"))}
+    assert not (site / "compat_tests").exists()
+    probe = run_in_image(image, str(image.venv / "bin" / "python"), "-c", "import compat_tests")
+    assert "No module named 'compat_tests'" in probe.stderr
+
+
 def test_runtime_stage_strips_packaging_tools_from_the_base_python(image):
     python = image.base_stand_in / "bin" / "python"
     for module in ("pip", "setuptools"):
@@ -208,6 +238,9 @@ def test_runtime_help_and_discover(image):
     assert helped.returncode == 0, helped.stderr
     for command in ("serve", "discover", "healthcheck"):
         assert command in helped.stdout
+    for command in ("serve", "discover", "healthcheck"):
+        sub = run_in_image(image, "accelerator-device-plugin", command, "--help")
+        assert sub.returncode == 0 and "usage:" in sub.stdout, sub.stderr
     found = run_in_image(image, "accelerator-device-plugin", "discover", "--backend", "units",
                          "--accel-nbunits", "3")
     assert found.returncode == 0, found.stderr
@@ -215,6 +248,21 @@ def test_runtime_help_and_discover(image):
     rows = [line.split() for line in table.splitlines()[1:]]
     assert [r[0] for r in rows] == ["0", "1", "2"]
     assert all("Healthy" in r for r in rows)
+
+
+def test_runtime_demo_says_in_one_line_how_to_get_it(image):
+    for node in ("intel", "migrate"):
+        done = run_in_image(image, "accelerator-device-plugin", "demo", "--node", node)
+        assert done.returncode == 2 and done.stdout == ""
+        (line,) = done.stderr.splitlines()
+        assert "the demo is not part of this install" in line
+        assert "make demo" in line and "pip install '.[demo]'" in line
+
+
+def test_runtime_healthcheck_answers_without_a_heartbeat(image, tmp_path):
+    done = run_in_image(image, "accelerator-device-plugin", "healthcheck",
+                        extra={"ACCELERATOR_DP_HEARTBEAT_FILE": str(tmp_path / "none")})
+    assert done.returncode == 1 and done.stdout.strip(), done.stderr
 
 
 # --- the running image: liveness and memory ------------------------------------------------

@@ -10,9 +10,10 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
 from deploy_support import BIN, REPO, tool
 
-WORKFLOW = REPO / ".github" / "workflows" / "kind-matrix.yml"
+WORKFLOWS = sorted((REPO / ".github" / "workflows").glob("*.yml"))
 SCRIPTS = [REPO / "compat_tests" / "kind" / "run.sh"]
 
 
@@ -52,10 +53,26 @@ def test_actionlint_rejects_a_bad_workflow(tmp_path):
     assert "matrix" in done.stdout
 
 
-def test_kind_workflow_passes_actionlint_with_shellcheck():
+def test_every_workflow_is_linted():
+    assert {w.name for w in WORKFLOWS} >= {"kind-matrix.yml", "release.yml"}
+
+
+@pytest.mark.parametrize("workflow", WORKFLOWS, ids=lambda w: w.name)
+def test_workflow_passes_actionlint_with_shellcheck(workflow):
     assert Path(tool("shellcheck")).exists()
-    done = lint(tool("actionlint"), str(WORKFLOW))
+    done = lint(tool("actionlint"), str(workflow))
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_actionlint_runs_shellcheck_on_run_blocks(tmp_path):
+    # An unquoted variable in a `run:` block of the release workflow: only shellcheck sees it.
+    bad = tmp_path / ".github" / "workflows" / "release.yml"
+    bad.parent.mkdir(parents=True)
+    text = (REPO / ".github" / "workflows" / "release.yml").read_text()
+    assert 'helm push "$chart"' in text
+    bad.write_text(text.replace('helm push "$chart"', "helm push $chart"))
+    done = lint(tool("actionlint"), str(bad))
+    assert done.returncode != 0 and "SC2086" in done.stdout, done.stdout
 
 
 def test_shellcheck_rejects_a_bad_script(tmp_path):

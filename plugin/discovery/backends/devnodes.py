@@ -10,8 +10,8 @@ Resolution rule (the same for every backend):
 3. Otherwise the node is missing and the device is Unhealthy until it appears.
 
 The node only has to exist: on a real node it is a character device, in a fake tree built by
-:mod:`plugin.discovery.backends.fake_sysfs` it is an empty regular file, because tests and the
-demo cannot ``mknod``. Host and container paths are both ``/dev/<path under dev-root>``: the
+the source tree's ``compat_tests/fake_sysfs.py`` it is an empty regular file, because tests
+and the demo cannot ``mknod``. Host and container paths are both ``/dev/<path under dev-root>``: the
 dev-root is where the plugin looks (it may be the host's ``/dev`` mounted elsewhere), while the
 container runtime resolves host paths on the host, where the node lives under ``/dev``.
 """

@@ -17,7 +17,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from plugin.discovery.backends.fake_sysfs import FakeNode, _address, _link, _write
+from compat_tests.fake_sysfs import FakeNode, _address, _link, _write
 from plugin.discovery.backends.pci import PciAddress
 
 XILINX_VENDOR = "0x10ee"

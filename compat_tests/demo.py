@@ -20,11 +20,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from api_versions.retry import RetryPolicy
+from compat_tests.fake_alveo import build_mixed_node
+from compat_tests.fake_sysfs import CRASHED_AFU_ID, DEFAULT_AFU_ID, build_intel_node
 from compat_tests.kubelet import KubeletEmulator, PluginCallError
 from plugin.cli.config import Settings
 from plugin.discovery.backends import make_backend
-from plugin.discovery.backends.fake_alveo import build_mixed_node
-from plugin.discovery.backends.fake_sysfs import CRASHED_AFU_ID, DEFAULT_AFU_ID, build_intel_node
 from plugin.process.daemon import Daemon
 from plugin.serving.deviceplugin.server import Timing
 

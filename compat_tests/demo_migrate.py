@@ -20,13 +20,13 @@ from pathlib import Path
 
 from api_versions.retry import RetryPolicy
 from compat_tests.apiserver import ApiServerEmulator
+from compat_tests.demo import RESOURCE, _narration, _until, say, section
+from compat_tests.fake_sysfs import build_intel_node
 from compat_tests.kubelet import KubeletEmulator
 from compat_tests.kubelet.dra import DraConfig
 from compat_tests.kubelet.dra_results import ClaimRef
 from plugin.cli.config import Settings
-from plugin.cli.demo import RESOURCE, _narration, _until, say, section
 from plugin.discovery.backends import make_backend
-from plugin.discovery.backends.fake_sysfs import build_intel_node
 from plugin.process.daemon import Daemon
 from plugin.serving.deviceplugin.server import Timing
 
