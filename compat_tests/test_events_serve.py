@@ -21,12 +21,12 @@ import pytest
 from compat_tests.apiserver import ApiServerEmulator
 from compat_tests.conftest import FAST_DRA
 from compat_tests.dra_support import until, wiper
+from compat_tests.fake_sysfs import CRASHED_AFU_ID, DEFAULT_AFU_ID, FakeNode
 from compat_tests.kubelet import KubeletEmulator
 from compat_tests.kubelet.dra import DraConfig
 from compat_tests.kubelet.dra_results import ClaimRef
 from compat_tests.plugin_process import PluginProcess
 from compat_tests.test_dra_auto import cluster, mapped_node  # noqa: F401 (a fixture)
-from compat_tests.fake_sysfs import CRASHED_AFU_ID, DEFAULT_AFU_ID, FakeNode
 from plugin.discovery.backends.intel import AFU_CRASHED
 from plugin.process import events
 
