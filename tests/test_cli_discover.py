@@ -24,7 +24,7 @@ def test_json_lists_every_port_by_pci_address(tmp_path: Path) -> None:
     build_intel_node(tmp_path)
     result = discover(tmp_path, "--json")
     assert result.returncode == 0, result.stderr
-    devices = json.loads(result.stdout)["devices"]
+    devices = json.loads(result.stdout)
     ids = [d["id"] for d in devices]
     assert ids == ["0000:3b:00.0", "0000:3b:00.0-port1", "0000:5e:00.0", "0000:be:00.1",
                    "0000:be:00.2", "0000:d8:00.0"]
@@ -45,7 +45,7 @@ def test_a_node_without_fpga_lists_nothing_and_succeeds(tmp_path: Path) -> None:
     (tmp_path / "dev").mkdir()
     result = discover(tmp_path, "--json")
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["devices"] == []
+    assert json.loads(result.stdout) == []
 
 
 @pytest.mark.parametrize("extra", [[], ["--json"]])

@@ -82,20 +82,19 @@ def test_discover_names_each_settings_source_below_the_table(tmp_path: Path) -> 
                          "log-level=warning [flag]")
 
 
-def test_discover_json_holds_each_settings_source_under_settings(tmp_path: Path) -> None:
+def test_discover_json_keeps_stdout_the_device_list_and_says_settings_on_stderr(
+        tmp_path: Path) -> None:
     config = tmp_path / "config.yaml"
     config.write_text("backend: units\naccel-nbunits: 2\n")
     result = discover("--json", "--sysfs-root", "/nonexistent",
                       env={"ACCELERATOR_DP_CONFIG": str(config)})
     assert result.returncode == 0, result.stderr
-    output = json.loads(result.stdout)
-    assert [d["id"] for d in output["devices"]] == ["0", "1"]
-    assert output["settings"] == {
-        "config": {"value": str(config), "from": "env ACCELERATOR_DP_CONFIG"},
-        "backend": {"value": "units", "from": f"file {config} (backend)"},
-        "accel-nbunits": {"value": 2, "from": f"file {config} (accel-nbunits)"},
-        "sysfs-root": {"value": "/nonexistent", "from": "flag"},
-    }
+    # stdout is what 0.1.0 printed: the list of devices, nothing else.
+    assert [d["id"] for d in json.loads(result.stdout)] == ["0", "1"]
+    assert (f"settings: config={config} [env ACCELERATOR_DP_CONFIG], "
+            f"backend=units [file {config} (backend)], "
+            f"accel-nbunits=2 [file {config} (accel-nbunits)], "
+            "sysfs-root=/nonexistent [flag]") in result.stderr.splitlines()
 
 
 def test_discover_at_every_default_adds_no_line() -> None:

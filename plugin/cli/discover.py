@@ -4,9 +4,9 @@ The first thing an operator runs on a node where pods do not get their FPGA, so 
 column answers a support question: which ID the kubelet sees, which driver found it, which
 node the container gets, where it sits (NUMA), what is loaded (an Intel port's AFU ID, an
 Alveo card's shell, an AWS slot's application function IDs) and what is wrong. Below the
-table (or under ``settings`` in JSON), the settings not at their defaults and where each came
-from (a flag, a variable, the config file), since a setting nobody remembers making is the
-other usual answer.
+table, the settings not at their defaults and where each came from (a flag, a variable, the
+config file), since a setting nobody remembers making is the other usual answer; with
+``--json`` that line goes to stderr, and stdout stays the list of devices scripts read.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from plugin.cli.sources import Origin, as_json, describe
+from plugin.cli.sources import Origin, describe
 from plugin.model.devices import Device
 
 COLUMNS = ("ID", "BACKEND", "DRIVER", "NODE", "NUMA", "LOADED", "HEALTH", "WHY")
@@ -40,11 +40,9 @@ def render_table(devices: Sequence[Device], origins: Sequence[Origin] = ()) -> s
     return "\n".join(lines)
 
 
-def render_json(devices: Sequence[Device], origins: Sequence[Origin] = ()) -> str:
-    """``devices``: one object per device, with every attribute discovery kept;
-    ``settings``: each setting not at its default, its value and where it came from."""
-    return json.dumps({"devices": [_record(d) for d in devices],
-                       "settings": as_json(origins)}, indent=2)
+def render_json(devices: Sequence[Device]) -> str:
+    """One object per device, with every attribute discovery kept."""
+    return json.dumps([_record(d) for d in devices], indent=2)
 
 
 def _cells(device: Device) -> tuple[str, ...]:

@@ -94,18 +94,26 @@ def _probe_port(settings: Settings) -> ProbeServer | None:
 
 def discover(settings: Settings) -> int:
     from plugin.cli.discover import render_json, render_table
+    from plugin.cli.sources import describe
     from plugin.discovery.monitor import DeviceMonitor
 
     backend = _backend(settings)
     devices = list(asyncio.run(DeviceMonitor(backend, rescan_interval=1.0).scan()))
-    render = render_json if settings.json_output else render_table
-    print(render(devices, settings.origins))
+    if settings.json_output:
+        # stdout stays the device list scripts parse (as in 0.1.0); where the settings came
+        # from is for the person running it, on stderr.
+        print(render_json(devices))
+        if settings.origins:
+            print(describe(settings.origins), file=sys.stderr)
+    else:
+        print(render_table(devices, settings.origins))
     return 0
 
 
 # What the demo needs beyond a node install: its own code, which lives in the source tree's
 # compat_tests/ and is in no wheel, and the third-party packages of the `demo` extra.
-DEMO_ONLY_MODULES = frozenset({"compat_tests", "aiohttp", "cryptography", "multidict", "yaml"})
+DEMO_ONLY_MODULES = frozenset({"compat_tests", "aiohttp", "cryptography", "multidict", "yaml",
+                               "kubernetes_validate", "jsonschema", "referencing"})
 DEMO_MISSING = ("accelerator-device-plugin: error: the demo is not part of this install (no "
                 "module {module!r}): in a source checkout run `make demo`, or `pip install "
                 "'.[demo]'` and then `python -m plugin demo` from the checkout's root")

@@ -88,25 +88,11 @@ def shown(value: Any) -> str:
     return str(value)
 
 
-def plain(value: Any) -> Any:
-    """A value as JSON writes it: paths as text, lists as arrays."""
-    if isinstance(value, tuple):
-        return [plain(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    return value
-
-
 def describe(origins: Sequence[Origin]) -> str:
     """One line for the log: each setting not at its default, and where it came from."""
     if not origins:
         return "every setting at its default"
     return "settings: " + ", ".join(map(str, origins))
-
-
-def as_json(origins: Sequence[Origin]) -> dict[str, dict[str, Any]]:
-    """The same for ``discover --json``: by key, the typed value and where it came from."""
-    return {o.key: {"value": plain(o.value), "from": o.source} for o in origins}
 
 
 def resolve(ns: argparse.Namespace, options: Sequence[Option],

@@ -37,6 +37,7 @@ from deploy_support import (
 from test_deploy_dra import matched_user
 
 from plugin.cli import config
+from plugin.version import VERSION
 
 BACKENDS = {"intel", "alveo", "aws-units"}
 EXCLUSIVE: list[tuple[set[str], str]] = [
@@ -292,7 +293,8 @@ def _guide_kustomization(heading: str, tmp_path: Path) -> Path:
 
 def test_the_guides_install_example_renders(kubectl, tmp_path, rendered):
     objects = render(kubectl, _guide_kustomization("**With kustomize.**", tmp_path))
-    assert container(objects)["image"] == "registry.example.com/k8s-accelerator-devplugin:0.1.0"
+    assert container(objects)["image"] == \
+        f"registry.example.com/k8s-accelerator-devplugin:{VERSION}"
     values = env(objects)
     assert values["ACCELERATOR_DP_BACKEND"] == "intel"
     assert values["ACCELERATOR_DP_CDI"] == "true"
