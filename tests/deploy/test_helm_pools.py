@@ -148,7 +148,7 @@ def test_pool_settings_override_the_global_ones():
     alveo_spec = alveo["spec"]["template"]["spec"]
     assert alveo_spec["containers"][0]["resources"]["limits"]["memory"] == "192Mi"
     assert intel["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"][
-        "memory"] == "160Mi"
+        "memory"] == "128Mi"
     assert alveo_spec["tolerations"] == intel["spec"]["template"]["spec"]["tolerations"]
 
 
