@@ -12,9 +12,11 @@ native binding with the options the C API documents (``kube_version``, ``dry_run
 from __future__ import annotations
 
 import json
+from functools import cache
 from pathlib import Path
 from typing import Any
 
+import monitoring_schemas
 import yaml
 from deploy_support import REPO
 
@@ -94,104 +96,17 @@ def config_file(objects: list[dict[str, Any]], daemonset: dict[str, Any]) -> dic
     return parsed
 
 
-# --- structural schemas of the Prometheus Operator's objects --------------------------------
-#
-# The CRDs are not part of Kubernetes, so no schema set has them. These say which fields of
-# monitoring.coreos.com/v1 the chart may use and of what type, closed (additionalProperties
-# false) wherever the chart writes, so a misspelt or misplaced field is caught as an API server
-# with the CRDs installed would prune or refuse it.
-
-_STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
-_METADATA = {
-    "type": "object", "required": ["name", "namespace"], "additionalProperties": False,
-    "properties": {"name": {"type": "string"}, "namespace": {"type": "string"},
-                   "labels": _STRING_MAP, "annotations": _STRING_MAP},
-}
-_DURATION = {"type": "string", "pattern": r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?"
-                                          r"(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"}
-_RELABEL = {
-    "type": "object", "additionalProperties": False,
-    "properties": {
-        "action": {"enum": ["replace", "Replace", "keep", "Keep", "drop", "Drop", "hashmod",
-                            "labelmap", "labeldrop", "labelkeep", "lowercase", "uppercase",
-                            "keepequal", "dropequal"]},
-        "sourceLabels": {"type": "array", "items": {"type": "string"}},
-        "separator": {"type": "string"}, "targetLabel": {"type": "string"},
-        "regex": {"type": "string"}, "modulus": {"type": "integer"},
-        "replacement": {"type": "string"},
-    },
-}
-SERVICE_MONITOR = {
-    "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
-    "additionalProperties": False,
-    "properties": {
-        "apiVersion": {"const": "monitoring.coreos.com/v1"},
-        "kind": {"const": "ServiceMonitor"},
-        "metadata": _METADATA,
-        "spec": {
-            "type": "object", "required": ["selector", "endpoints"], "additionalProperties": False,
-            "properties": {
-                "jobLabel": {"type": "string"},
-                "namespaceSelector": {
-                    "type": "object", "additionalProperties": False,
-                    "properties": {"any": {"type": "boolean"},
-                                   "matchNames": {"type": "array", "items": {"type": "string"}}},
-                },
-                "selector": {
-                    "type": "object", "additionalProperties": False,
-                    "properties": {"matchLabels": _STRING_MAP,
-                                   "matchExpressions": {"type": "array"}},
-                },
-                "endpoints": {"type": "array", "minItems": 1, "items": {
-                    "type": "object", "additionalProperties": False,
-                    "properties": {
-                        "port": {"type": "string"}, "targetPort": {"type": ["string", "integer"]},
-                        "path": {"type": "string"}, "scheme": {"enum": ["http", "https"]},
-                        "interval": _DURATION, "scrapeTimeout": _DURATION,
-                        "honorLabels": {"type": "boolean"},
-                        "relabelings": {"type": "array", "items": _RELABEL},
-                        "metricRelabelings": {"type": "array", "items": _RELABEL},
-                    },
-                }},
-            },
-        },
-    },
-}
-_RULE = {
-    "type": "object", "required": ["expr"], "additionalProperties": False,
-    "oneOf": [{"required": ["alert"]}, {"required": ["record"]}],
-    "properties": {
-        "alert": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
-        "record": {"type": "string"},
-        "expr": {"type": ["string", "integer"], "minLength": 1},
-        "for": _DURATION, "keep_firing_for": _DURATION,
-        "labels": _STRING_MAP, "annotations": _STRING_MAP,
-    },
-}
-PROMETHEUS_RULE = {
-    "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
-    "additionalProperties": False,
-    "properties": {
-        "apiVersion": {"const": "monitoring.coreos.com/v1"},
-        "kind": {"const": "PrometheusRule"},
-        "metadata": _METADATA,
-        "spec": {
-            "type": "object", "required": ["groups"], "additionalProperties": False,
-            "properties": {"groups": {"type": "array", "items": {
-                "type": "object", "required": ["name", "rules"], "additionalProperties": False,
-                "properties": {"name": {"type": "string", "minLength": 1},
-                               "interval": _DURATION,
-                               "rules": {"type": "array", "items": _RULE}},
-            }}},
-        },
-    },
-}
-MONITORING_SCHEMAS = {"ServiceMonitor": SERVICE_MONITOR, "PrometheusRule": PROMETHEUS_RULE}
+# --- the Prometheus Operator's objects ----------------------------------------------------
 
 
 def validate_monitoring(obj: dict[str, Any]) -> list[str]:
-    import jsonschema
+    """What prometheus-operator's own schemas (and a check for fields they would leave
+    unchecked) find wrong in a ServiceMonitor or PrometheusRule: the same check the kustomize
+    monitoring component gets, so chart and kustomize answer to one schema. The same object
+    is checked once, however many Kubernetes releases a test walks."""
+    return list(_validate_monitoring(json.dumps(obj, sort_keys=True)))
 
-    validator = jsonschema.Draft7Validator(MONITORING_SCHEMAS[obj["kind"]])
-    return [f"{'/'.join(str(p) for p in e.absolute_path) or '<root>'}: {e.message[:300]}"
-            for e in validator.iter_errors(obj)]
+
+@cache
+def _validate_monitoring(text: str) -> tuple[str, ...]:
+    return tuple(monitoring_schemas.validate(json.loads(text)))
