@@ -50,7 +50,10 @@ def previous_release_tree(destination: Path) -> Path:
                               PREVIOUS_COMMIT, *PARTS], capture_output=True, check=True)
     tree.mkdir(parents=True)
     with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-        tar.extractall(tree, filter="data")
+        if hasattr(tarfile, "data_filter"):  # Python 3.11.4 and later
+            tar.extractall(tree, filter="data")
+        else:  # our own repository's archive
+            tar.extractall(tree)
     _descriptors(tree)
     _check_imported_from(tree)
     return tree
