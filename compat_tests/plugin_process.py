@@ -40,8 +40,12 @@ class PluginProcess:
         extra: Sequence[str] = (),
         name: str = "plugin",
         fast_retries: bool = True,
+        source: Path | None = None,
     ) -> None:
         self.directory = directory
+        self.source = source
+        """Another release's source tree (``compat_tests/previous_release.py``) whose
+        ``plugin`` package runs instead of this one, or None: this tree's."""
         self.log_path = log_dir / f"{name}.log"
         self.socket_name = socket_name or "accelerator.sock"
         self.args = [
@@ -70,10 +74,14 @@ class PluginProcess:
         return None if self._process is None else self._process.poll()
 
     def start(self) -> PluginProcess:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if self.source is not None:  # ``-m`` puts the working directory first on sys.path
+            env["PYTHONPATH"] = os.pathsep.join(
+                [str(self.source), *filter(None, [os.environ.get("PYTHONPATH")])])
         with open(self.log_path, "ab") as out:
             self._process = subprocess.Popen(
                 self.args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env=env, cwd=self.source,
             )
         log.info("started plugin pid %d: %s", self._process.pid, " ".join(self.args[1:]))
         return self

@@ -10,9 +10,10 @@ import os
 import pytest
 
 from plugin.serving.dra import checkpoint as checkpoint_module
-from plugin.serving.dra.checkpoint import CheckpointError, ClaimCheckpoint
+from plugin.serving.dra.checkpoint import CheckpointError, CheckpointUnavailable, ClaimCheckpoint
 from plugin.serving.dra.claims_model import ClaimRef
 from plugin.serving.dra.prepared import PreparedClaim, PreparedDevice
+from plugin.version import VERSION
 
 
 def claim(uid, *devices, spec=None):
@@ -55,7 +56,8 @@ async def test_the_file_is_versioned_and_leaves_no_temporary_file_behind(path):
     record = ClaimCheckpoint(path)
     await record.commit(put=[claim("u1")])
     header, first = lines(path)
-    assert header == {"kind": checkpoint_module.KIND, "version": checkpoint_module.FORMAT_VERSION}
+    assert header == {"kind": checkpoint_module.KIND, "version": checkpoint_module.FORMAT_VERSION,
+                      "minor": checkpoint_module.FORMAT_MINOR, "writtenBy": VERSION}
     assert first["checksum"].startswith("sha256:")
     assert first["record"]["put"]["u1"]["devices"][0]["pool"] == "node-1"
     assert sorted(p.name for p in path.parent.iterdir()) == ["checkpoint.json"]
@@ -267,15 +269,120 @@ async def test_a_file_edited_behind_the_drivers_back_fails_its_checksum(path, ca
     assert "line 2: checksum mismatch" in caplog.text
 
 
-@pytest.mark.parametrize("version", [1, 3])
-async def test_another_format_is_refused_not_misread(path, caplog, version):
+@pytest.mark.parametrize("version", [1, 0, "3", True, None])
+async def test_a_format_no_release_wrote_is_damage_set_aside(path, caplog, version):
+    """Older than any release wrote, or no count at all: no release can read it, so it is
+    damage (set aside, empty record), not a newer release's record to keep."""
     await ClaimCheckpoint(path).commit(put=[claim("u1")])
     header, rest = path.read_text().split("\n", 1)
     path.write_text(header.replace(f'"version":{checkpoint_module.FORMAT_VERSION}',
-                                   f'"version":{version}') + "\n" + rest)
+                                   f'"version":{json.dumps(version)}') + "\n" + rest)
     with caplog.at_level(logging.ERROR):
         assert len(ClaimCheckpoint(path)) == 0
-    assert f"format version {version}" in caplog.text
+    assert f"format version {version!r}" in caplog.text or \
+        f"format version {version}" in caplog.text
+    assert not path.exists()
+
+
+def record_line(seq, put, remove=(), inside=None, **extra):
+    """A change line as some release writes it: ``inside`` the record and ``extra`` beside it
+    fields this one does not know."""
+    record = {"put": put, "remove": list(remove), "seq": seq, **(inside or {})}
+    digest = checkpoint_module._checksum(checkpoint_module._canonical(record))
+    return json.dumps({"checksum": digest, "record": record, **extra}) + "\n"
+
+
+def header_line(**fields):
+    return json.dumps({"kind": checkpoint_module.KIND, **fields}) + "\n"
+
+
+def next_release_claim(name):
+    """A claim as a later release of format 2 might write it: fields this one does not know
+    in the claim and in each device (with non-ASCII text, which the checksum must cover)."""
+    return {"namespace": "ns", "name": name, "claimSpec": f"b-com.com_claim_{name}.json",
+            "statusWritten": {"generation": 7, "note": "prêt"},
+            "devices": [{"pool": "node-1", "device": "fpga-0", "deviceID": "0000:5e:00.0",
+                         "requests": ["accel"], "cdiDeviceIDs": ["b-com.com/accelerator=x"],
+                         "numaNode": 1, "health": {"since": 1.5e9}}]}
+
+
+async def test_the_next_releases_fields_are_verified_and_ignored_at_every_level(path, caplog):
+    """Header, around the record, in the record, in a claim, in a device: fields this
+    release does not know are read past, and the line's checksum still verifies (it covers
+    the record as written, unknown fields included)."""
+    path.parent.mkdir(parents=True)
+    path.write_text(
+        header_line(version=checkpoint_module.FORMAT_VERSION, minor=7, writtenBy="9.9.9",
+                    compaction={"policy": "later"})
+        + record_line(1, {"u1": next_release_claim("c1"), "u2": next_release_claim("c2")},
+                      origin="prepare")
+        + record_line(2, {}, ["u2"], inside={"reason": "unprepare"}, signedBy="node-a"))
+    before = path.read_bytes()
+    with caplog.at_level(logging.INFO, logger="plugin.serving.dra.checkpoint"):
+        record = ClaimCheckpoint(path)
+    assert list(record) == ["u1"]
+    kept = record.get("u1")
+    assert kept.claim_spec == "b-com.com_claim_c1.json"
+    assert kept.devices[0].device_id == "0000:5e:00.0" and kept.devices[0].requests == ("accel",)
+    assert "format 2.7 (written by release 9.9.9)" in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    assert path.read_bytes() == before, "reading writes nothing"
+
+    await record.commit(remove=["u1"])  # appended to the newer release's file
+    assert len(ClaimCheckpoint(path)) == 0
+
+
+async def test_an_unknown_field_added_behind_the_checksums_back_is_damage(path, caplog):
+    """Tolerance of unknown fields is no hole in the checksum: one added to a record after
+    its checksum was made is refused like any other edit."""
+    await ClaimCheckpoint(path).commit(put=[claim("u1")])
+    path.write_text(path.read_text().replace('"seq":1', '"seq":1,"extra":true'))
+    with caplog.at_level(logging.ERROR):
+        assert len(ClaimCheckpoint(path)) == 0
+    assert "line 2: checksum mismatch" in caplog.text
+
+
+async def newer_major(path):
+    """A record of claim u1 as a release with the next major format might leave it."""
+    await ClaimCheckpoint(path).commit(put=[claim("u1")])
+    rest = path.read_text().split("\n", 1)[1]
+    newer = checkpoint_module.FORMAT_VERSION + 1
+    path.write_text(header_line(version=newer, minor=0, writtenBy="0.3.0") + rest)
+    return newer
+
+
+async def test_a_newer_major_format_is_refused_loudly_and_left_untouched(path, caplog):
+    newer = await newer_major(path)
+    before = path.read_bytes()
+    with caplog.at_level(logging.ERROR, logger="plugin.serving.dra.checkpoint"):
+        record = ClaimCheckpoint(path)
+        reason = record.unavailable()
+        for _ in range(3):  # every call reads again, and says it once
+            assert record.unavailable() == reason
+        with pytest.raises(CheckpointUnavailable):
+            record.get("u1")
+        with pytest.raises(CheckpointUnavailable):
+            await record.commit(put=[claim("u2")])
+        with pytest.raises(CheckpointUnavailable):
+            await record.commit(remove=["u1"])
+    assert reason == (f"format version {newer}, written by release 0.3.0; this driver "
+                      f"(release {VERSION}) reads format version "
+                      f"{checkpoint_module.FORMAT_VERSION}")
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and reason in errors[0], errors
+    assert record.held() is None, "no count while it cannot be read"
+    assert path.read_bytes() == before, "never written over"
+    assert sorted(p.name for p in path.parent.iterdir()) == ["checkpoint.json"], "never renamed"
+
+    # the release that reads it is back (here: the header of this one): read at the next call
+    rest = path.read_text().split("\n", 1)[1]
+    path.write_text(checkpoint_module._header() + rest)
+    with caplog.at_level(logging.WARNING, logger="plugin.serving.dra.checkpoint"):
+        assert record.unavailable() is None
+    assert "can be read again" in caplog.text
+    assert list(record) == ["u1"] and record.held() == 1
+    await record.commit(remove=["u1"])
+    assert len(ClaimCheckpoint(path)) == 0
 
 
 async def test_an_entry_of_the_wrong_shape_is_refused(path, caplog):
@@ -290,8 +397,15 @@ async def test_an_entry_of_the_wrong_shape_is_refused(path, caplog):
     assert "'pool' is not text" in caplog.text
 
 
-def test_an_unreadable_file_is_left_alone(path, caplog):
+def test_an_unreadable_file_is_left_alone_and_nothing_answered_from_it(path, caplog):
+    """Unreadable is not corrupt: the claims it holds are still held, so nothing is answered
+    (or written) until it can be read."""
     path.mkdir(parents=True)  # a directory where the file should be: read fails, not corrupt
     with caplog.at_level(logging.ERROR):
-        assert len(ClaimCheckpoint(path)) == 0
+        record = ClaimCheckpoint(path)
+        assert record.unavailable() == "cannot read it: Is a directory"
+        with pytest.raises(CheckpointUnavailable):
+            len(record)
     assert path.is_dir() and "cannot read" in caplog.text
+    path.rmdir()
+    assert record.unavailable() is None and len(record) == 0

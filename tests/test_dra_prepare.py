@@ -264,6 +264,39 @@ async def test_a_checkpoint_that_cannot_be_written_fails_the_claims_it_would_rec
     assert list((tmp_path / "cdi").iterdir()) == [], "no spec left for an unrecorded claim"
 
 
+async def test_while_the_checkpoint_is_a_newer_format_no_claim_is_answered_from_it(
+        api, make, checkpoint_path, tmp_path):
+    """After a rollback across a major format the driver cannot tell which claims it holds:
+    an unprepare answered as done would let the kubelet forget a claim whose spec stays, and a
+    prepare would write over the newer release's record. Both are refused, claim by claim,
+    until the file reads again; then the claim recorded before is unprepared as usual."""
+    from plugin.serving.dra import checkpoint as checkpoint_module
+
+    specs = ClaimSpecs(tmp_path / "cdi", DRIVER, lambda ids: {"ACCELERATOR_UNITS": ",".join(ids)})
+    api.add(allocation("u1", "fpga-0"), allocation("u2", "fpga-1"))
+    assert (await make(claim_specs=specs).prepare([ref("u1")]))["u1"].ok
+    [spec] = (tmp_path / "cdi").iterdir()
+    header, rest = checkpoint_path.read_text().split("\n", 1)
+    newer = header.replace(f'"version":{checkpoint_module.FORMAT_VERSION}', '"version":3')
+    checkpoint_path.write_text(newer + "\n" + rest)
+    before = checkpoint_path.read_bytes()
+
+    rolled_back = make(claim_specs=specs, checkpoint=ClaimCheckpoint(checkpoint_path))
+    prepared = await rolled_back.prepare([ref("u1"), ref("u2")])
+    unprepared = await rolled_back.unprepare([ref("u1"), ref("never-prepared")])
+    for error in [r.error for r in prepared.values()] + list(unprepared.values()):
+        assert error.startswith(f"the DRA driver's claim checkpoint {checkpoint_path} cannot "
+                                "be read (format version 3, written by release"), error
+        assert "reads format version 2" in error and "the kubelet will call again" in error
+    assert set(prepared) == {"u1", "u2"} and set(unprepared) == {"u1", "never-prepared"}
+    assert spec.exists() and checkpoint_path.read_bytes() == before
+    assert api.reads == ["claim-u1"], "nothing read for a call that cannot be recorded"
+
+    checkpoint_path.write_text(header + "\n" + rest)  # the release that reads it is back
+    assert await rolled_back.unprepare([ref("u1")]) == {"u1": ""}
+    assert not spec.exists() and len(ClaimCheckpoint(checkpoint_path)) == 0
+
+
 async def test_a_cancelled_prepare_records_nothing_and_leaves_no_spec(api, make, tmp_path):
     specs = ClaimSpecs(tmp_path / "cdi", DRIVER, lambda ids: {"ACCELERATOR_UNITS": ",".join(ids)})
     preparer = make(claim_specs=specs)

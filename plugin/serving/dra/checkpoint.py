@@ -25,10 +25,33 @@ a warning, the claims it held are unknown (an unprepare of one is answered as do
 repeated prepare reads the claim again, which is what the kubelet needs), and the next
 change rewrites the file.
 
-What is refused: a file whose header does not parse or names a format this code does not
-know, a whole line that is not as written (edited, lost, out of order), or damage before a
-good line is moved aside (``<name>.corrupt-<unix time>``, kept for a person to read),
-logged once as an error, and the driver starts with an empty record rather than crashing.
+What a format version carries (the rule in CHANGELOG.md, "Checkpoint rule"): the header's
+``version`` is the major format, changed only when existing content changes meaning; within
+one, a release only adds optional fields, and every reader ignores the fields it does not
+know, in the header, around a line's record, in the record, in a claim and in a device. The
+header also says ``minor`` (fields added within the major format; 2.0 is 0.1.0's, which
+wrote no ``minor``) and ``writtenBy`` (the release that last wrote the file whole), both only
+for what the logs say. Each line's checksum is of its record re-serialised canonically
+(sorted keys, no spaces, ASCII), so a field a newer release added inside a record is covered
+by the checksum, verified and ignored, never taken for damage.
+
+What is refused, and how:
+
+* a file in a newer major format (a release rolled back across a format change), or one that
+  cannot be read at all (permissions, I/O): logged once as an error naming both formats and
+  the release that wrote it, and left exactly as it is, never renamed or written over, so
+  the release that wrote it finds it whole when it runs again. Until the file can be read
+  (it is tried again at every prepare and unprepare), :meth:`ClaimCheckpoint.unavailable`
+  says why and the driver refuses every prepare and unprepare: it cannot know which claims
+  it holds, an unprepare answered as done would leave a claim's CDI spec (and the newer
+  release's record of it) behind for good, and a prepare would have to write over the file.
+  The kubelet calls both again, and they are answered once a release that reads it runs.
+* a header that does not parse, is not this kind of file or names a format older than any
+  release wrote, a whole line that is not as written (edited, lost, out of order), or damage
+  before a good line: moved aside (``<name>.corrupt-<unix time>``, kept for a person to
+  read), logged once as an error, and the driver starts with an empty record rather than
+  crashing. That is damage no release can read, not a record another release can.
+
 A missing file is simply an empty record.
 
 Changes are applied to memory only once they are in the file: a line that could not be
@@ -52,12 +75,17 @@ from typing import Any
 
 from plugin.serving.dra.prepared import PreparedClaim
 from plugin.serving.files import replace_atomically
+from plugin.version import VERSION
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 2
-"""Bumped on any change a reader of the previous format would misread (1: one JSON document
-rewritten whole on every change)."""
+"""The major format: bumped only when existing content changes meaning, so that a reader of
+the previous one would misread it (1: one JSON document rewritten whole on every change,
+never released)."""
+FORMAT_MINOR = 1
+"""Optional fields added within the major format (0: 0.1.0's, whose header has no ``minor``;
+1: the header's ``minor`` and ``writtenBy``). Readers never refuse a higher one."""
 KIND = "AcceleratorDraClaimCheckpoint"
 COMPACT_AFTER = 512
 """Journal lines after which the next change rewrites the file (if there are fewer claims)."""
@@ -65,6 +93,11 @@ COMPACT_AFTER = 512
 
 class CheckpointError(Exception):
     """The checkpoint could not be written; nothing was changed."""
+
+
+class CheckpointUnavailable(CheckpointError):
+    """The checkpoint cannot be read now (a newer major format, a file that cannot be read):
+    nothing may be answered from it, and nothing written over it."""
 
 
 class ClaimCheckpoint:
@@ -88,18 +121,32 @@ class ClaimCheckpoint:
         """Changes written since start, as lines or whole files (tests look at it)."""
         self.rewrites = 0
         """Of those, whole files written."""
+        self._refusal: str | None = None
+        """Why the file cannot be read, while it cannot (said once per reason)."""
         if load:
             self.load()
 
     def load(self) -> None:
-        """Read the file now, unless it was read already (later calls do nothing)."""
+        """Read the file now, unless it was read already (later calls do nothing). While it
+        cannot be read (:meth:`unavailable`), every call tries again."""
         if self._loaded is None:
             self._loaded = self._load()
+
+    def unavailable(self) -> str | None:
+        """Why no claim can be answered from the record now (read again first), or None.
+
+        What the driver tells the kubelet for every claim while the file is in a newer
+        major format or cannot be read; it is read again at each call, so a release rolled
+        forward, or the file made readable, is answered at the kubelet's next call."""
+        self.load()
+        return self._refusal if self._loaded is None else None
 
     @property
     def _claims(self) -> dict[str, PreparedClaim]:
         self.load()
-        assert self._loaded is not None
+        if self._loaded is None:
+            raise CheckpointUnavailable(f"the claim checkpoint {self.path} cannot be read "
+                                        f"({self._refusal})")
         return self._loaded
 
     # -- reading ---------------------------------------------------------------------------
@@ -137,7 +184,8 @@ class ClaimCheckpoint:
         change cannot be written. A rewrite that has started finishes, cancelled or not.
         """
         put = list(put)
-        remove = [uid for uid in dict.fromkeys(remove) if uid in self._claims]
+        claims = self._claims  # CheckpointUnavailable: never write over what cannot be read
+        remove = [uid for uid in dict.fromkeys(remove) if uid in claims]
         if not put and not remove:
             return
         if not self._lock.locked() and self._appendable(len(put)):
@@ -184,19 +232,20 @@ class ClaimCheckpoint:
 
     # -- the file --------------------------------------------------------------------------
 
-    def _load(self) -> dict[str, PreparedClaim]:
+    def _load(self) -> dict[str, PreparedClaim] | None:
+        """The record, or None (said once per reason) while the file cannot be read."""
         try:
             raw = self.path.read_bytes()
         except FileNotFoundError:
             log.info("no claim checkpoint at %s yet: no claim prepared", self.path)
-            return {}
+            return self._readable({})
         except OSError as exc:
-            # Unreadable is not corrupt: leave the file alone for the next start to try.
-            log.error("cannot read the claim checkpoint %s (%s); starting with no claim "
-                      "prepared", self.path, exc.strerror or exc)
-            return {}
+            # Unreadable is not corrupt: the claims it holds are still held.
+            return self._refuse(f"cannot read it: {exc.strerror or exc}")
         try:
             journal = _decode(raw)
+        except NewerFormat as exc:
+            return self._refuse(str(exc))
         except ValueError as exc:
             kept = self._set_aside()
             log.error("claim checkpoint %s is unusable (%s); %s; starting with no claim "
@@ -208,9 +257,29 @@ class ClaimCheckpoint:
             log.warning("claim checkpoint %s ends in %d damaged line(s) after its last good "
                         "one (a power cut?); the changes they held are lost, the next change "
                         "rewrites the file", self.path, journal.torn)
+        if journal.minor > FORMAT_MINOR:
+            log.info("claim checkpoint %s is format %d.%d (written by %s); this driver (%s) "
+                     "knows %d.%d: the fields it does not know are ignored, and dropped "
+                     "when it next rewrites the file", self.path, FORMAT_VERSION,
+                     journal.minor, journal.written_by, VERSION, FORMAT_VERSION, FORMAT_MINOR)
         self._lines = 0 if journal.torn else journal.lines
         log.info("claim checkpoint %s: %d claim(s) prepared", self.path, len(journal.claims))
-        return journal.claims
+        return self._readable(journal.claims)
+
+    def _refuse(self, reason: str) -> None:
+        if reason != self._refusal:
+            log.error("the claim checkpoint %s cannot be read (%s); it is left as it is, and "
+                      "every claim prepare and unprepare is refused until it can be read "
+                      "(roll the release that wrote it forward again, or make it readable): "
+                      "tried again at each of the kubelet's calls", self.path, reason)
+        self._refusal = reason
+
+    def _readable(self, claims: dict[str, PreparedClaim]) -> dict[str, PreparedClaim]:
+        if self._refusal is not None:
+            log.warning("the claim checkpoint %s can be read again: claims are prepared and "
+                        "unprepared again", self.path)
+            self._refusal = None
+        return claims
 
     def _set_aside(self) -> Path | None:
         aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
@@ -221,13 +290,21 @@ class ClaimCheckpoint:
         return aside
 
 
+class NewerFormat(ValueError):
+    """The file is in a major format newer than this code reads: not damage, a record this
+    release cannot read and must leave alone."""
+
+
 @dataclass(frozen=True)
 class _Journal:
-    """What a checkpoint file held: the claims, its good lines, the damaged ones at its end."""
+    """What a checkpoint file held: the claims, its good lines, the damaged ones at its end,
+    and what its header said of its format."""
 
     claims: dict[str, PreparedClaim]
     lines: int
     torn: int
+    minor: int = 0
+    written_by: str = "a release before 0.2.0"
 
 
 def _changed(claims: Mapping[str, PreparedClaim], put: list[PreparedClaim],
@@ -241,7 +318,9 @@ def _changed(claims: Mapping[str, PreparedClaim], put: list[PreparedClaim],
 
 
 def _header() -> str:
-    return f'{{"kind":{json.dumps(KIND)},"version":{FORMAT_VERSION}}}\n'
+    """What 0.1.0 reads too: it checks ``kind`` and ``version`` and ignores the rest."""
+    return (f'{{"kind":{json.dumps(KIND)},"version":{FORMAT_VERSION},'
+            f'"minor":{FORMAT_MINOR},"writtenBy":{json.dumps(VERSION)}}}\n')
 
 
 def _record_line(seq: int, put: Mapping[str, PreparedClaim], remove: list[str]) -> str:
@@ -274,9 +353,16 @@ def _decode(raw: bytes) -> _Journal:
         raise ValueError(f"header is not JSON: {exc}") from None
     if not isinstance(document, dict) or document.get("kind") != KIND:
         raise ValueError(f"not a {KIND} file")
-    if document.get("version") != FORMAT_VERSION:
-        raise ValueError(f"format version {document.get('version')!r:.20}, this driver reads "
-                         f"{FORMAT_VERSION}")
+    version, minor = _header_fields(document)
+    written_by = document.get("writtenBy")
+    written_by = (f"release {written_by:.40}" if isinstance(written_by, str)
+                  else "a release before 0.2.0")
+    if version > FORMAT_VERSION:
+        raise NewerFormat(f"format version {version}, written by {written_by}; this driver "
+                          f"(release {VERSION}) reads format version {FORMAT_VERSION}")
+    if version < FORMAT_VERSION:
+        raise ValueError(f"format version {version}, older than any release wrote; this "
+                         f"driver reads {FORMAT_VERSION}")
     pieces = rest.split(b"\n")
     whole, tail = pieces[:-1], pieces[-1]  # no newline after the tail: a line cut short
     claims: dict[str, PreparedClaim] = {}
@@ -297,7 +383,18 @@ def _decode(raw: bytes) -> _Journal:
             raise ValueError(f"line {number}: change {record['seq']!r:.20} where change "
                              f"{good} belongs (a line lost or moved)")
         _apply(claims, record)
-    return _Journal(claims, good, len(whole) - good + (1 if tail else 0))
+    return _Journal(claims, good, len(whole) - good + (1 if tail else 0), minor, written_by)
+
+
+def _header_fields(document: dict[str, Any]) -> tuple[int, int]:
+    """(major, minor) of a header; a ``minor`` that is not a count is ignored (it only
+    changes what is logged), a ``version`` that is not one is damage."""
+    version, minor = document.get("version"), document.get("minor", 0)
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ValueError(f"format version {version!r:.20}, this driver reads {FORMAT_VERSION}")
+    if not isinstance(minor, int) or isinstance(minor, bool) or minor < 0:
+        minor = 0
+    return version, minor
 
 
 def _record(line: bytes) -> dict[str, Any]:

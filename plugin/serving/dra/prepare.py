@@ -15,7 +15,13 @@ what a node-local driver must add):
 * every result of this driver must name this node's pool and a device the pool has now;
   other drivers' results are theirs;
 * unprepare works from the checkpoint alone (the claim may be gone from the API server) and
-  is idempotent: an unknown UID was unprepared already.
+  is idempotent: an unknown UID was unprepared already;
+* while the checkpoint cannot be read (a newer release's major format after a rollback, a
+  file that cannot be read), every claim of every call is refused, prepare and unprepare
+  alike, with an error saying why: the driver cannot tell which claims it holds, so an
+  unknown UID may well be prepared (its CDI spec in place), and answering it as done would
+  let the kubelet forget it for good; a prepare would have to write over the record. The
+  kubelet calls both again, and the record is read again at each call.
 
 Claims of one call are handled concurrently, at most ``concurrency`` API reads at a time
 across all calls. Nothing is written until every claim of the call is read and checked;
@@ -112,6 +118,9 @@ class ClaimPreparer:
 
     async def _prepare(self, claims: Sequence[ClaimRef],
                        timeout: float | None) -> dict[str, ClaimResult]:
+        refusal = self._unavailable()
+        if refusal is not None:
+            return {ref.uid: ClaimResult(error=refusal) for ref in claims}
         results: dict[str, ClaimResult] = {}
         pending: dict[str, ClaimRef] = {}
         for ref in claims:
@@ -323,6 +332,9 @@ class ClaimPreparer:
         return results
 
     async def _unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
+        refusal = self._unavailable()
+        if refusal is not None:
+            return {ref.uid: refusal for ref in claims}
         known = {ref.uid: entry for ref in claims
                  if (entry := self.checkpoint.get(ref.uid)) is not None}
         results = dict.fromkeys((ref.uid for ref in claims), "")
@@ -344,6 +356,15 @@ class ClaimPreparer:
             else:
                 log.debug("claim %s was not prepared (or unprepared already)", describe(ref))
         return results
+
+    def _unavailable(self) -> str | None:
+        """What every claim is answered while the checkpoint cannot be read, or None."""
+        reason = self.checkpoint.unavailable()
+        if reason is None:
+            return None
+        return (f"the DRA driver's claim checkpoint {self.checkpoint.path} cannot be read "
+                f"({reason}), so it cannot tell which claims it holds: no claim is prepared "
+                "or unprepared until it can be read (the kubelet will call again)")
 
 
 def _log_prepared(prepared: list[PreparedClaim]) -> None:
