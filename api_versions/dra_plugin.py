@@ -1,12 +1,15 @@
 """The kubelet's DRA plugin API on the wire: requests in, per-claim answers and health out.
 
 Pure translation between the wire of every DRA service a kubelet may pick (``v1.DRAPlugin``
-1.34+, ``v1beta1.DRAPlugin`` 1.32+, 1.31's ``v1alpha3.Node``, ``v1alpha1.DRAResourceHealth``)
+1.34+, ``v1beta1.DRAPlugin`` 1.32+, 1.31's ``v1alpha3.Node``, ``v1.DRAResourceHealth`` 1.37+
+and ``v1alpha1.DRAResourceHealth`` 1.34+)
 and the driver's values (:class:`~plugin.serving.dra.claims_model.ClaimRef`,
 :class:`~plugin.serving.dra.prepared.ClaimResult`,
 :class:`~plugin.serving.dra.health.DeviceHealthReport`). The claim services' messages are
 field for field the same, so one translation serves all three; a field an older kubelet does
-not know (v1's ``share_id``, health's ``message``) is skipped by its protobuf decoder.
+not know (v1's ``share_id``, health's ``message``) is skipped by its protobuf decoder. The two
+health services have the same messages under two proto packages, so one translation serves
+both as well.
 
 Two rules from the kubelet's DRA manager (k8s.io/kubernetes ``pkg/kubelet/cm/dra/manager.go``)
 shape the answers: every claim of a request must get an entry in the response map, else the
@@ -48,7 +51,7 @@ MAX_ERROR = 2000
 """Longest per-claim error sent: it ends up in a pod event and the kubelet's log."""
 
 HEALTH_ENUM = {HealthState.UNKNOWN: 0, HealthState.HEALTHY: 1, HealthState.UNHEALTHY: 2}
-"""``HealthStatus`` of ``v1alpha1.DRAResourceHealth``."""
+"""``HealthStatus`` of ``v1.DRAResourceHealth`` and ``v1alpha1.DRAResourceHealth`` alike."""
 
 OnCall = Callable[[DraService, str], None]
 """Told the service and method of every call received (which one the kubelet picked)."""
@@ -109,9 +112,10 @@ def unprepare_response(wire: WireApi, claims: Sequence[ClaimRef],
     return response
 
 
-def health_response(reports: Sequence[DeviceHealthReport]) -> Message:
-    """One NodeWatchResourcesResponse: the complete device list."""
-    wire = dra_services.HEALTH_V1ALPHA1.load()
+def health_response(reports: Sequence[DeviceHealthReport],
+                    service: DraService = dra_services.HEALTH_V1) -> Message:
+    """One NodeWatchResourcesResponse of health ``service``: the complete device list."""
+    wire = service.load()
     response = wire.new("NodeWatchResourcesResponse")
     for report in reports:
         response.devices.add(
@@ -142,7 +146,7 @@ def answer_within(context: grpc.aio.ServicerContext) -> float:
 
 def plugin_handlers(backend: ClaimBackend, health: HealthSource | None = None,
                     on_call: OnCall | None = None) -> dict[str, grpc.RpcMethodHandler]:
-    """Handlers of every claim service in ``SUPPORTED_VERSIONS`` (and of the health service
+    """Handlers of every claim service in ``SUPPORTED_VERSIONS`` (and of both health services
     when ``health`` is given; without it the kubelet gets UNIMPLEMENTED, as it expects from
     a driver without health), keyed by method path."""
     handlers: dict[str, grpc.RpcMethodHandler] = {}
@@ -154,9 +158,9 @@ def plugin_handlers(backend: ClaimBackend, health: HealthSource | None = None,
         handlers[methods["NodeUnprepareResources"].path] = rpc_handler(
             methods["NodeUnprepareResources"], _unprepare(service, wire, backend, on_call))
     if health is not None:
-        service = dra_services.HEALTH_V1ALPHA1
-        method = service.methods()["NodeWatchResources"]
-        handlers[method.path] = rpc_handler(method, _watch(service, health, on_call))
+        for service in dra_services.HEALTH_SERVICES:
+            method = service.methods()["NodeWatchResources"]
+            handlers[method.path] = rpc_handler(method, _watch(service, health, on_call))
     return handlers
 
 
@@ -202,7 +206,7 @@ def _watch(service: DraService, health: HealthSource,
             on_call(service, "NodeWatchResources")
         try:
             async for reports in health():
-                yield health_response(reports)
+                yield health_response(reports, service)
         except Exception as exc:  # the kubelet opens the stream again 5 s later
             log.exception("%s NodeWatchResources failed", service.name)
             await context.abort(grpc.StatusCode.INTERNAL, f"health stream failed: {exc}")

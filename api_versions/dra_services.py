@@ -7,8 +7,11 @@ driver's first known entry) and then calls one service's paths. This module says
 what the driver advertises and which :class:`~api_versions.wire.WireApi` serves the service a
 kubelet picked. It knows no devices: the adapters that fill these messages live elsewhere.
 
-Sources: k8s.io/kubelet ``pkg/apis/dra/{v1alpha4,v1beta1,v1}/types.go`` (the service strings),
-k8s.io/kubernetes ``pkg/kubelet/cm/dra/plugin`` of 1.31-1.36 (how each release picks).
+Sources: k8s.io/kubelet ``pkg/apis/dra/{v1alpha4,v1beta1,v1}/types.go`` and
+``pkg/apis/dra-health/{v1alpha1,v1}/types.go`` (the service strings), k8s.io/kubernetes
+``pkg/kubelet/cm/dra/plugin`` of 1.31-1.36 (how each release picks) and, for the health service
+of 1.37+, ``dra_plugin_manager_test.go`` ``TestPickHealthService`` (v1 when listed, else
+v1alpha1 when listed, else no stream).
 """
 
 from __future__ import annotations
@@ -62,15 +65,20 @@ V1ALPHA4 = DraService("v1alpha3.NodeService", "dra_v1alpha4", "Node", Role.PLUGI
                       "1.31 (without asking), 1.32-1.33 when listed and v1beta1 is not")
 HEALTH_V1ALPHA1 = DraService("v1alpha1.DRAResourceHealth", "dra_health_v1alpha1",
                              "DRAResourceHealth", Role.HEALTH,
-                             "1.34+ with the ResourceHealthStatus gate (on by default 1.36+)")
+                             "1.34+ with the ResourceHealthStatus gate (on by default 1.36+); "
+                             "1.37+ only when v1 is not listed (accepted until 1.40)")
+HEALTH_V1 = DraService("v1.DRAResourceHealth", "dra_health_v1", "DRAResourceHealth",
+                       Role.HEALTH, "1.37+ when listed (preferred over v1alpha1)")
 
-SERVICES: dict[str, DraService] = {s.name: s for s in (V1, V1BETA1, V1ALPHA4, HEALTH_V1ALPHA1)}
+SERVICES: dict[str, DraService] = {
+    s.name: s for s in (V1, V1BETA1, V1ALPHA4, HEALTH_V1, HEALTH_V1ALPHA1)}
 """Every service this project can serve, by its ``supported_versions`` string."""
 
 SUPPORTED_VERSIONS: tuple[str, ...] = (
     V1.name,
     V1BETA1.name,
     V1ALPHA4.name,
+    HEALTH_V1.name,
     HEALTH_V1ALPHA1.name,
     SEMVER_FOR_1_31,
 )
@@ -78,14 +86,22 @@ SUPPORTED_VERSIONS: tuple[str, ...] = (
 
 1.34+ take the first entry they know (v1); 1.32-1.33 prefer v1beta1 whatever the order;
 1.31 reads only ``"1.0.0"`` and calls v1alpha4, whose messages are v1beta1's, so serving it
-costs one more set of handlers. The health entry is informative: kubelets open the health
-stream on every registered driver whether it is listed or not."""
+costs one more set of handlers. The health entries matter from 1.37: that kubelet opens a
+health stream only on a driver that lists a health service, on v1 when listed and on v1alpha1
+otherwise, whatever their order; 1.34-1.36 open the v1alpha1 stream on every registered
+driver whether it is listed or not. Both are served on the same socket."""
 
 PLUGIN_SERVICES: tuple[DraService, ...] = tuple(
     SERVICES[name] for name in SUPPORTED_VERSIONS
     if name in SERVICES and SERVICES[name].role is Role.PLUGIN
 )
 """The claim-preparing services the driver serves, most preferred first."""
+
+HEALTH_SERVICES: tuple[DraService, ...] = tuple(
+    SERVICES[name] for name in SUPPORTED_VERSIONS
+    if name in SERVICES and SERVICES[name].role is Role.HEALTH
+)
+"""The health services the driver serves (when it has health), most preferred first."""
 
 
 class UnknownService(ValueError):

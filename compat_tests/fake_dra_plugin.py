@@ -47,6 +47,8 @@ class FakeDraPlugin:
     serves: tuple[DraService, ...] = ALL_PLUGIN_SERVICES
     health: bool = True
     """Serve DRAResourceHealth; without it the kubelet's health stream gets UNIMPLEMENTED."""
+    health_services: tuple[DraService, ...] = dra_services.HEALTH_SERVICES
+    """Which health services to serve (v1 and v1alpha1 by default), when ``health``."""
     endpoint: Path | None = None
     """Serve DRA on this socket and name it in PluginInfo; None: the registration socket."""
     bind_endpoint: bool = True
@@ -70,6 +72,8 @@ class FakeDraPlugin:
         """(gRPC path, claim UIDs) of every prepare/unprepare call."""
         self.claims_seen: list[tuple[str, str, str]] = []
         self.health_streams = 0
+        self.health_paths: list[str] = []
+        """The gRPC path of every health stream the kubelet opened."""
         self.health_queue: asyncio.Queue[Any] = asyncio.Queue()
         self._server: grpc.aio.Server | None = None
 
@@ -116,12 +120,11 @@ class FakeDraPlugin:
                 "NodeUnprepareResources": rpc_handler(
                     methods["NodeUnprepareResources"], self._unprepare_for(service)),
             }))
-        if self.health:
-            health = dra_services.HEALTH_V1ALPHA1
+        for health in self.health_services if self.health else ():
             handlers.append(grpc.method_handlers_generic_handler(
-                "v1alpha1.DRAResourceHealth",
+                f"{health.load().package}.{health.service}",
                 {"NodeWatchResources": rpc_handler(health.methods()["NodeWatchResources"],
-                                                   self._watch)}))
+                                                   self._watch_for(health))}))
         return handlers
 
     async def _get_info(self, _request: Any, _context: grpc.aio.ServicerContext) -> Any:
@@ -184,16 +187,22 @@ class FakeDraPlugin:
         self.claims_seen.extend((c.namespace, c.uid, c.name) for c in request.claims)
         return uids
 
-    async def _watch(self, _request: Any, _context: grpc.aio.ServicerContext
-                     ) -> AsyncIterator[Any]:
-        """Stream what tests queue with :meth:`send_health`; ``None`` ends the stream."""
-        self.health_streams += 1
-        wire = dra_services.HEALTH_V1ALPHA1.load()
-        while True:
-            devices = await self.health_queue.get()
-            if devices is None:
-                return
-            yield wire.new("NodeWatchResourcesResponse", devices=devices)
+    def _watch_for(self, service: DraService) -> Any:
+        wire = service.load()
+        path = service.methods()["NodeWatchResources"].path
+
+        async def watch(_request: Any, _context: grpc.aio.ServicerContext
+                        ) -> AsyncIterator[Any]:
+            """Stream what tests queue with :meth:`send_health`; ``None`` ends the stream."""
+            self.health_streams += 1
+            self.health_paths.append(path)
+            while True:
+                devices = await self.health_queue.get()
+                if devices is None:
+                    return
+                yield wire.new("NodeWatchResourcesResponse", devices=devices)
+
+        return watch
 
     def send_health(self, *devices: dict[str, Any]) -> None:
         """Queue one NodeWatchResourcesResponse (DeviceHealth dicts) for the open stream."""

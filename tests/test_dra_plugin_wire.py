@@ -112,6 +112,16 @@ def test_health_goes_out_with_every_field_the_newest_kubelet_reads():
         ("node-1", "fpga-2", 0, 1700000002, 30, "discovery stalled")]
 
 
+@pytest.mark.parametrize("service", dra_services.HEALTH_SERVICES, ids=lambda s: s.name)
+def test_health_goes_out_as_the_message_of_the_service_streamed(service):
+    response = health_response([DeviceHealthReport("node-1", "fpga-0", HealthState.UNHEALTHY,
+                                                    1700000000, 30, "port error")], service)
+    assert response.DESCRIPTOR.full_name == f"{service.load().package}.NodeWatchResourcesResponse"
+    decoded = service.load().message("NodeWatchResourcesResponse").FromString(
+        response.SerializeToString())
+    assert decoded.devices[0].message == "port error" and decoded.devices[0].health == 2
+
+
 def test_handlers_cover_every_advertised_claim_service_and_health_only_when_given():
     class Backend:
         async def prepare(self, claims, timeout=None):
@@ -129,7 +139,8 @@ def test_handlers_cover_every_advertised_claim_service_and_health_only_when_give
         yield []
 
     with_health = plugin_handlers(Backend(), health)
-    assert set(with_health) - expected == {"/v1alpha1.DRAResourceHealth/NodeWatchResources"}
+    assert set(with_health) - expected == {"/v1alpha1.DRAResourceHealth/NodeWatchResources",
+                                           "/v1.DRAResourceHealth/NodeWatchResources"}
 
 
 class Failing:

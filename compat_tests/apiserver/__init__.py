@@ -1,4 +1,4 @@
-"""An emulated Kubernetes API server (resource.k8s.io v1, v1beta2, v1beta1; releases 1.32 .. 1.37).
+"""An emulated Kubernetes API server (resource.k8s.io v1, v1beta2, v1beta1; releases 1.32 .. 1.38).
 
 For testing a node-local DRA driver without a cluster: it publishes ResourceSlices and reads
 ResourceClaims over HTTP(S) with bearer tokens, against the versions a given release serves,

@@ -1,4 +1,4 @@
-"""What each emulated API server release (1.32 .. 1.37) serves, as data rather than branches.
+"""What each emulated API server release (1.32 .. 1.38) serves, as data rather than branches.
 
 Everything in which two kube-apiserver releases differ for a node-local DRA driver is looked up
 here: which resource.k8s.io versions are compiled in and served by default (k/k
@@ -7,8 +7,17 @@ fields silently (k/k ``pkg/features/versioned_kube_features.go``), the fields a 
 know at all (so a strict decoder rejects them as unknown; derived from the json tags of
 k8s.io/api ``resource/*/types.go`` at v0.32.0 .. v0.37.0-beta.0) and the taint effects it accepts.
 
-The OpenAPI schemas shipped with the emulator are those of a 1.36 server; an older model removes
-the fields listed in ``FIELD_SINCE`` from them, which is how the older server would see them.
+The OpenAPI schemas shipped with the emulator are those of a 1.36 server (read by 1.32 .. 1.36)
+and of a 1.37 one (read by 1.37 and 1.38; ``openapi/1.37/README.md`` says how they were made); an
+older model removes the fields listed in ``FIELD_SINCE`` from them, which is how the older server
+would see them.
+
+1.37 and 1.38 (the project's DRA facts page, section 7: the 1.37 DRA blog post and the
+website's feature-gate pages): 1.37 serves v1, v1beta2 and v1beta1 (v1alpha3 is gone) with
+device taints, claim device status and DRA extended resources GA, the last two locked on; 1.38
+no longer serves v1beta1 (deprecated in 1.35), locks device taints on and drops the
+DynamicResourceAllocation gate (GA since 1.34). No 1.38 source is in reach: its model is 1.37's
+with those three changes.
 """
 
 from __future__ import annotations
@@ -17,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 FIRST_MINOR = 32
-LAST_MINOR = 37
+LAST_MINOR = 38
 DEFAULT_MODEL = "1.36"
 GROUP = "resource.k8s.io"
 
@@ -37,7 +46,9 @@ def _compiled(minor: int) -> tuple[str, ...]:
         return ("v1beta2", "v1beta1", "v1alpha3")
     if minor <= 36:
         return ("v1", "v1beta2", "v1beta1", "v1alpha3")
-    return ("v1", "v1beta2", "v1beta1")
+    if minor == 37:
+        return ("v1", "v1beta2", "v1beta1")
+    return ("v1", "v1beta2")  # v1beta1 is not served from 1.38
 
 
 def _served_by_default(minor: int) -> tuple[str, ...]:
@@ -60,6 +71,19 @@ GATES: dict[str, tuple[tuple[int, bool], ...]] = {
     "DynamicResourceAllocation": ((32, False), (34, True)),
 }
 """Feature gates whose state changes what the server stores (k/k versioned_kube_features.go)."""
+
+LOCKED_SINCE: dict[str, int] = {
+    "DRAExtendedResource": 37,
+    "DRAResourceClaimDeviceStatus": 37,
+    "DRADeviceTaints": 38,
+}
+"""GA gates locked to their default from that minor: setting them otherwise stops the server."""
+
+REMOVED_SINCE: dict[str, int] = {"DynamicResourceAllocation": 38}
+"""Gates the server no longer knows from that minor (``unrecognized feature gate``)."""
+
+SCHEMA_RELEASE_SINCE: tuple[tuple[int, str], ...] = ((32, "1.36"), (37, "1.37"))
+"""(first minor, schema set under ``openapi/``) it reads."""
 
 FIELD_SINCE: dict[tuple[str, str], int] = {
     ("ResourceSliceSpec", "perDeviceNodeSelection"): 33,
@@ -115,6 +139,11 @@ class ServerModel:
     @property
     def git_version(self) -> str:
         return f"v1.{self.minor}.0"
+
+    @property
+    def schema_release(self) -> str:
+        """The OpenAPI set under ``openapi/`` this release decodes against."""
+        return [release for since, release in SCHEMA_RELEASE_SINCE if self.minor >= since][-1]
 
     @property
     def preferred_version(self) -> str | None:
@@ -179,12 +208,16 @@ def load_model(
     for version in served & set(UNMODELLED_VERSIONS):
         raise ValueError(f"{GROUP}/{version} is compiled into {name} but not emulated "
                          "(no OpenAPI schema of it ships with the emulator)")
-    gates = {gate: gate_default(gate, minor) for gate in GATES}
+    known = [gate for gate in GATES if minor < REMOVED_SINCE.get(gate, minor + 1)]
+    gates = {gate: gate_default(gate, minor) for gate in known}
     overrides = parse_bool_map(feature_gates, "--feature-gates") if isinstance(
         feature_gates, str) else dict(feature_gates or {})
     for gate, on in overrides.items():
-        if gate not in GATES:
+        if gate not in known:
             raise ValueError(f"unrecognized feature gate: {gate}")
+        if minor >= LOCKED_SINCE.get(gate, minor + 1) and on != gates[gate]:
+            raise ValueError(f"cannot set feature gate {gate} to {str(on).lower()}, feature is "
+                             f"locked to {str(gates[gate]).lower()}")
         gates[gate] = on
     return ServerModel(
         name=name, minor=minor, compiled=compiled,

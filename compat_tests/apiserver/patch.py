@@ -164,7 +164,7 @@ def _merge_list(current: Any, patch: list[Any], prop: dict[str, Any],
 
 
 def apply(content_type: str, current: dict[str, Any], body: Any, resource: str,
-          version: str) -> Any:
+          version: str, release: str = schema.DEFAULT_RELEASE) -> Any:
     """``current`` (as the client reads it in ``version``) with the PATCH body applied."""
     kind = content_type.split(";")[0].strip()
     if kind == MERGE:
@@ -172,7 +172,7 @@ def apply(content_type: str, current: dict[str, Any], body: Any, resource: str,
     if kind == JSON_PATCH:
         return json_patch(current, body)
     if kind == STRATEGIC:
-        schemas = schema.load(version)
+        schemas = schema.load(version, release)
         root = {"$ref": "#/" + schema.definition_name(version, schema.kind_of(resource))}
         return strategic_merge(current, body, root, schemas)
     raise errors.ApiError(errors.status(

@@ -42,7 +42,8 @@ def decode_write(resource: str, version: str, body: Any, model: ServerModel,
     if sent_version not in (None, "", expected):
         raise errors.bad_request(f"the API version in the data ({sent_version}) does not match "
                                  f"the expected API version ({expected})")
-    decoded = schema.decode(body, resource, version, absent=model.absent_fields())
+    decoded = schema.decode(body, resource, version, absent=model.absent_fields(),
+                            release=model.schema_release)
     if decoded.errors:
         raise _cannot_handle(kind, version, decoded.errors[0])
     warnings: list[str] = []
@@ -52,7 +53,8 @@ def decode_write(resource: str, version: str, body: Any, model: ServerModel,
     if decoded.unknown and field_validation == "Warn":
         warnings = [f'unknown field "{path}"' for path in decoded.unknown]
     hub = convert.to_hub(resource, version, decoded.obj)
-    hub = schema.encode(hub, resource, convert.HUB, absent=model.absent_fields())
+    hub = schema.encode(hub, resource, convert.HUB, absent=model.absent_fields(),
+                        release=model.schema_release)
     hub["apiVersion"], hub["kind"] = convert.api_version(convert.HUB), kind
     strategy.apply_defaults(resource, hub)
     return hub, warnings
@@ -76,7 +78,8 @@ def encode_read(resource: str, version: str, hub: dict[str, Any],
                 model: ServerModel) -> dict[str, Any]:
     """A stored object as a client of ``version`` reads it."""
     out = convert.from_hub(resource, version, hub)
-    out = schema.encode(out, resource, version, absent=model.absent_fields())
+    out = schema.encode(out, resource, version, absent=model.absent_fields(),
+                        release=model.schema_release)
     out["apiVersion"], out["kind"] = convert.api_version(version), schema.kind_of(resource)
     return out
 
@@ -101,11 +104,13 @@ def validate(obj: dict[str, Any], version: str | None = None, *, model: str = "1
     version = version or api_version
     if group != GROUP or version not in SCHEMA_VERSIONS:
         return [f"apiVersion {obj.get('apiVersion')!r} is not a served {GROUP} version"]
+    if version not in load_model(model).compiled:
+        return [f"{GROUP}/{version} is not served by a {model} API server"]
     server = load_model(model, {f"{GROUP}/{version}": True}, feature_gates)
     problems: list[str] = []
     if schema_required:
-        problems += [f"{path}: Required value (schema)"
-                     for path in schema.missing_required(obj, resource, version)]
+        problems += [f"{path}: Required value (schema)" for path in schema.missing_required(
+            obj, resource, version, server.schema_release)]
     try:
         hub, _ = decode_write(resource, version, obj, server, "Strict")
         old_hub = decode_write(resource, version, old, server, "Ignore")[0] if old else None

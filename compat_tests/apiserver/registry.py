@@ -157,7 +157,8 @@ class Registry:
         if old is None:
             raise errors.not_found(resource, info.group, name)
         current = self.read(resource, version, old)
-        patched = patching.apply(content_type, current, body, resource, version)
+        patched = patching.apply(content_type, current, body, resource, version,
+                                 self.model().schema_release)
         if not isinstance(patched, dict):
             raise errors.bad_request("the patch produced something that is not an object")
         meta = patched.setdefault("metadata", {})

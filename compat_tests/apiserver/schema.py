@@ -5,7 +5,8 @@ A kube-apiserver decodes JSON into Go structs: a wrong JSON type, a bad quantity
 before any validation rule runs; with ``Warn`` (the server default since 1.27) or ``Ignore``
 unknown fields are dropped. Encoding writes zero values of non-``omitempty`` fields back, which
 the published schema marks with ``default``. This module does all of that from the schemas a 1.36
-server serves (copied under ``openapi/1.36/``), so no Go type is needed. It deliberately does not
+server serves (copied under ``openapi/1.36/``) or, for a 1.37+ model, the 1.37 ones
+(``openapi/1.37/``, derived as its README says), so no Go type is needed. It deliberately does not
 enforce ``required``: the Go decoder does not either; missing fields become zero values and the
 validation rules (rules.py) report them the way the server does.
 """
@@ -24,7 +25,9 @@ from typing import Any
 
 from compat_tests.apiserver import quantity
 
-SCHEMA_DIR = "openapi/1.36"
+DEFAULT_RELEASE = "1.36"
+RELEASES = ("1.36", "1.37")
+"""The schema sets shipped, each under ``openapi/<release>/``."""
 _KINDS = {"resourceslices": "ResourceSlice", "resourceclaims": "ResourceClaim",
           "deviceclasses": "DeviceClass"}
 _QUANTITY = "io.k8s.apimachinery.pkg.api.resource.Quantity"
@@ -32,10 +35,14 @@ _TIME = "io.k8s.apimachinery.pkg.apis.meta.v1.Time"
 
 
 @cache
-def load(version: str) -> dict[str, Any]:
-    """The ``components.schemas`` of resource.k8s.io ``version`` (v1, v1beta1, v1beta2)."""
+def load(version: str, release: str = DEFAULT_RELEASE) -> dict[str, Any]:
+    """The ``components.schemas`` of resource.k8s.io ``version`` (v1, v1beta1, v1beta2) as a
+    ``release`` server serves them (one of ``RELEASES``)."""
+    if release not in RELEASES:
+        raise ValueError(f"no resource.k8s.io schemas of {release}; shipped: {RELEASES}")
     name = f"resource.k8s.io_{version}.json"
-    text = resources.files("compat_tests.apiserver").joinpath(SCHEMA_DIR, name).read_text()
+    text = resources.files("compat_tests.apiserver").joinpath(
+        f"openapi/{release}", name).read_text()
     return json.loads(text)["components"]["schemas"]
 
 
@@ -97,8 +104,8 @@ class _Walker:
     """One decoding pass over an object, with the schema set of one version."""
 
     def __init__(self, version: str, absent: Iterable[tuple[str, str]], drop_unknown: bool,
-                 defaults: bool) -> None:
-        self.schemas = load(version)
+                 defaults: bool, release: str = DEFAULT_RELEASE) -> None:
+        self.schemas = load(version, release)
         self.absent = set(absent)
         self.drop_unknown = drop_unknown
         self.defaults = defaults
@@ -208,28 +215,31 @@ def _is_rfc3339(text: str) -> bool:
 
 def decode(obj: dict[str, Any], resource: str, version: str, *,
            absent: Iterable[tuple[str, str]] = (), drop_unknown: bool = True,
-           defaults: bool = True) -> Decoded:
+           defaults: bool = True, release: str = DEFAULT_RELEASE) -> Decoded:
     """Decode ``obj`` written as ``resource`` in ``version``; nothing of ``obj`` is changed.
 
     ``apiVersion`` and ``kind`` are kept as sent. Unknown fields (and fields in ``absent``, those
     an older release lacks) are listed with their Go-style path (``spec.devices[0].foo``).
     """
     name = definition_name(version, kind_of(resource))
-    walker = _Walker(version, absent, drop_unknown, defaults)
+    walker = _Walker(version, absent, drop_unknown, defaults, release)
     walker.struct = kind_of(resource)
-    out = walker._struct(obj, load(version)[name], "", name)
+    out = walker._struct(obj, load(version, release)[name], "", name)
     return Decoded(out, walker.unknown, walker.errors)
 
 
 def encode(obj: dict[str, Any], resource: str, version: str, *,
-           absent: Iterable[tuple[str, str]] = ()) -> dict[str, Any]:
+           absent: Iterable[tuple[str, str]] = (),
+           release: str = DEFAULT_RELEASE) -> dict[str, Any]:
     """``obj`` as the server writes it: zero values of non-omitempty fields filled in."""
-    return decode(obj, resource, version, absent=absent, drop_unknown=True).obj
+    return decode(obj, resource, version, absent=absent, drop_unknown=True,
+                  release=release).obj
 
 
-def missing_required(obj: dict[str, Any], resource: str, version: str) -> list[str]:
+def missing_required(obj: dict[str, Any], resource: str, version: str,
+                     release: str = DEFAULT_RELEASE) -> list[str]:
     """Paths the schema marks required but ``obj`` lacks (the server defaults them silently)."""
-    schemas = load(version)
+    schemas = load(version, release)
     found: list[str] = []
 
     def visit(value: Any, schema: dict[str, Any], path: str) -> None:

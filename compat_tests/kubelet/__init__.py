@@ -1,4 +1,4 @@
-"""Emulated kubelets (k8s 1.8 .. 1.37) for testing the device plugin and DRA driver."""
+"""Emulated kubelets (k8s 1.8 .. 1.38) for testing the device plugin and DRA driver."""
 
 from compat_tests.kubelet.dra import DraConfig, DraManager
 from compat_tests.kubelet.dra_results import (

@@ -34,7 +34,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="device-plugin directory (kubelet.sock is served there)")
     parser.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(
         MODELS, key=lambda m: int(m.split(".")[1])), metavar="VERSION",
-        help=f"Kubernetes version to behave like (1.8 .. 1.37, default {DEFAULT_MODEL})")
+        help=f"Kubernetes version to behave like (1.8 .. 1.38, default {DEFAULT_MODEL})")
     parser.add_argument("--accept-no-version", action="store_true",
                         help="refuse every RegisterRequest.version")
     parser.add_argument("--hang-register", action="store_true",

@@ -1,4 +1,4 @@
-"""A kubelet's DRA manager, emulated for one Kubernetes release (1.31 .. 1.37) at a time.
+"""A kubelet's DRA manager, emulated for one Kubernetes release (1.31 .. 1.38) at a time.
 
 The real kubelet has two halves this mirrors: the handler the plugin manager hands every
 ``DRAPlugin`` socket to (validate the driver's ``supported_versions``, pick a service, keep
@@ -191,9 +191,13 @@ class DraManager:
         pending = self._pending_wipes.pop(name, None)
         if pending is not None:
             pending.cancel()
-        if self.health_enabled:
+        health = self.model.health_service(versions) if self.health_enabled else None
+        if health is not None:
             client.watch_health(self._on_health, self._on_health_end,
-                                self.config.health_retry_period)
+                                self.config.health_retry_period, health)
+        elif self.health_enabled:
+            log.info("kubelet %s: DRA driver %s lists no health service this kubelet calls: "
+                     "no health stream", self.model.name, name)
         log.info("kubelet %s: registered DRA driver %s at %s on %s", self.model.name, name,
                  endpoint, choice.service)
         self._record(registration)
@@ -269,7 +273,8 @@ class DraManager:
     # -- health ---------------------------------------------------------------------------------
 
     def _on_health(self, client: DraPluginClient, devices: tuple[DeviceHealthRecord, ...]) -> None:
-        self.health_updates.append(HealthUpdate(client.driver, client.endpoint, devices))
+        self.health_updates.append(HealthUpdate(client.driver, client.endpoint, devices,
+                                                client.health_service))
         cache = self._health.setdefault(client.driver, {})
         for device in devices:
             cache[(device.pool_name, device.device_name)] = device

@@ -1,9 +1,10 @@
 """What each kubelet release does differently with DRA drivers, as data rather than branches.
 
 The emulated DRA manager (``dra.py``) has one code path; every place where kubelets 1.31 ..
-1.37 disagree is looked up here: how the driver's ``supported_versions`` is read and which
-service is picked, the exact wording of a refusal, how several instances of one driver are
-kept, when a driver's ResourceSlices are wiped, which feature gates exist and their defaults,
+1.38 disagree is looked up here: how the driver's ``supported_versions`` is read and which
+service is picked (claims and health), the exact wording of a refusal, how several instances
+of one driver are kept, when a driver's ResourceSlices are wiped, which feature gates exist and
+their defaults,
 and which newer fields the kubelet reads.
 
 Sources (read with the search tools, not copied): k8s.io/kubernetes
@@ -12,6 +13,12 @@ Sources (read with the search tools, not copied): k8s.io/kubernetes
 ``plugins_store.go`` (1.33), ``dra_plugin_manager.go`` and ``dra_plugin.go`` (1.34-1.36,
 ``servicesSupportedByKubelet``), ``pkg/kubelet/cm/dra/manager.go`` (prepare, health,
 ``defaultWipingDelay``); k8s.io/apimachinery v0.31.0 ``pkg/util/version/version.go``.
+Health in 1.37+: k8s.io/kubelet ``pkg/apis/dra-health/v1`` (package ``v1``, service string
+``"v1.DRAResourceHealth"``, k/k PR 139477) and k/k ``pkg/kubelet/cm/dra/plugin/
+dra_plugin_manager_test.go`` ``TestPickHealthService`` on master after 1.37: v1 when the driver
+lists it, else v1alpha1 when listed (kept "for three releases of transition", until 1.40: k/k
+140838), else no stream at all. The code index holds no 1.38 kubelet; master after 1.37
+(``servicesSupportedByKubelet`` still v1, v1beta1; the same health pick) stands for it.
 """
 
 from __future__ import annotations
@@ -24,10 +31,14 @@ from compat_tests.kubelet.models import go_quote, go_quote_list
 
 FIRST_DRA_MINOR = 31
 """Older kubelets speak an earlier, incompatible DRA API that this project does not serve."""
-LAST_DRA_MINOR = 37
+LAST_DRA_MINOR = 38
 
 V1, V1BETA1, V1ALPHA4 = "v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha3.NodeService"
-HEALTH_SERVICE = "v1alpha1.DRAResourceHealth"
+HEALTH_V1, HEALTH_V1ALPHA1 = "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"
+HEALTH_SERVICE = HEALTH_V1ALPHA1
+"""The one health service of 1.34 .. 1.36."""
+HEALTH_PICK_SINCE = 37
+"""From 1.37 the kubelet reads the health service from ``supported_versions`` (v1 first)."""
 
 EMPTY_SERVICES = "empty list of supported gRPC services (aka supported versions)"
 
@@ -133,6 +144,11 @@ class DraModel:
     reads_share_id: bool
     reads_health_timeout: bool
     reads_health_message: bool
+    health_services: tuple[str, ...] = (HEALTH_V1ALPHA1,)
+    """Health services the kubelet can call, its own preference first."""
+    health_listed_only: bool = False
+    """1.37+: a health stream only on a driver that lists one of ``health_services``;
+    1.34-1.36 open the v1alpha1 stream on every driver, listed or not."""
 
     @property
     def has_health(self) -> bool:
@@ -184,6 +200,15 @@ class DraModel:
                 f"already registered with a higher supported version: {go_quote(new)} < "
                 f"{go_quote(existing)}")
 
+    def health_service(self, versions: tuple[str, ...]) -> str | None:
+        """The health service this kubelet streams from a driver listing ``versions``, or
+        None when it opens no stream (no DRA health, or 1.37+ and none listed)."""
+        if not self.has_health:
+            return None
+        if not self.health_listed_only:
+            return self.health_services[0]
+        return next((s for s in self.health_services if s in versions), None)
+
     def health_enabled(self, gate: bool | None) -> bool:
         """Whether the health stream is opened, given an explicit gate setting or None."""
         if not self.has_health:
@@ -194,7 +219,7 @@ class DraModel:
 
 
 def load_dra_model(name: str) -> DraModel:
-    """The DRA behaviour of kubelet ``name`` (``"1.31"`` .. ``"1.37"``); ValueError otherwise."""
+    """The DRA behaviour of kubelet ``name`` (``"1.31"`` .. ``"1.38"``); ValueError otherwise."""
     try:
         major, minor = (int(part) for part in name.split("."))
     except ValueError:
@@ -227,4 +252,7 @@ def load_dra_model(name: str) -> DraModel:
         reads_share_id=minor >= 35,
         reads_health_timeout=minor >= 35,
         reads_health_message=minor >= 36,
+        health_services=((HEALTH_V1, HEALTH_V1ALPHA1) if minor >= HEALTH_PICK_SINCE
+                         else (HEALTH_V1ALPHA1,)),
+        health_listed_only=minor >= HEALTH_PICK_SINCE,
     )

@@ -3,7 +3,8 @@
 One per (driver, endpoint). It speaks the service the kubelet picked at registration
 (``v1.DRAPlugin``, ``v1beta1.DRAPlugin`` or 1.31's ``/v1alpha3.Node``), gives every call the
 kubelet's 45 s deadline, and, when the ResourceHealthStatus gate is on, keeps a
-NodeWatchResources stream open on the same connection, reopening it 5 s after it ends or
+NodeWatchResources stream open on the same connection (on the health service the release
+picked: v1alpha1 for 1.34-1.36, v1 or v1alpha1 for 1.37+), reopening it 5 s after it ends or
 fails, UNIMPLEMENTED included, as ``wait.UntilWithContext`` does upstream. Answers are turned
 into plain values from ``dra_results``.
 """
@@ -19,7 +20,13 @@ import grpc
 
 from api_versions import dra_services
 from api_versions.wire import client_call
-from compat_tests.kubelet.dra_models import CALL_TIMEOUT, HEALTH_RETRY, V1, DraModel
+from compat_tests.kubelet.dra_models import (
+    CALL_TIMEOUT,
+    HEALTH_RETRY,
+    HEALTH_V1ALPHA1,
+    V1,
+    DraModel,
+)
 from compat_tests.kubelet.dra_results import (
     ClaimRef,
     DeviceHealthRecord,
@@ -59,6 +66,8 @@ class DraPluginClient:
         self.call_timeout = call_timeout
         self._channel = grpc.aio.insecure_channel(f"unix:{endpoint}")
         self._health_task: asyncio.Task[None] | None = None
+        self.health_service: str | None = None
+        """The health service the stream is opened on, once :meth:`watch_health` ran."""
 
     def __repr__(self) -> str:
         return f"<DRA plugin {self.driver} at {self.endpoint} on {self.service.name}>"
@@ -98,16 +107,18 @@ class DraPluginClient:
     # -- health ---------------------------------------------------------------------------------
 
     def watch_health(self, on_update: HealthUpdated, on_end: HealthEnded,
-                     retry_period: float = HEALTH_RETRY) -> None:
-        """Keep a NodeWatchResources stream open until :meth:`close`."""
+                     retry_period: float = HEALTH_RETRY,
+                     service: str = HEALTH_V1ALPHA1) -> None:
+        """Keep a NodeWatchResources stream of health ``service`` open until :meth:`close`."""
+        self.health_service = service
         self._health_task = asyncio.create_task(
             self._health_loop(on_update, on_end, retry_period),
             name=f"NodeWatchResources {self.driver} {self.endpoint}")
 
     async def _health_loop(self, on_update: HealthUpdated, on_end: HealthEnded,
                            retry_period: float) -> None:
-        health = dra_services.HEALTH_V1ALPHA1
-        method = health.methods()["NodeWatchResources"]
+        service = self.health_service or HEALTH_V1ALPHA1
+        method = dra_services.service_named(service).methods()["NodeWatchResources"]
         request = method.request()
         while True:
             messages = 0
@@ -116,13 +127,15 @@ class DraPluginClient:
                 async for response in stream:
                     messages += 1
                     on_update(self, self.health_records(response))
-                attempt = HealthAttempt(self.driver, self.endpoint, messages, "EOF")
+                attempt = HealthAttempt(self.driver, self.endpoint, messages, "EOF",
+                                        service=service)
             except grpc.aio.AioRpcError as exc:
                 attempt = HealthAttempt(self.driver, self.endpoint, messages, go_error(exc),
-                                        exc.code().name)
+                                        exc.code().name, service)
             except asyncio.CancelledError:
                 stream.cancel()
-                on_end(self, HealthAttempt(self.driver, self.endpoint, messages, "cancelled"))
+                on_end(self, HealthAttempt(self.driver, self.endpoint, messages, "cancelled",
+                                           service=service))
                 raise
             log.info("kubelet %s: health stream of %s at %s ended (%s); again in %.1f s",
                      self.model.name, self.driver, self.endpoint, attempt.ended, retry_period)

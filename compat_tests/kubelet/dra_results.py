@@ -138,6 +138,8 @@ class HealthUpdate:
     driver: str
     endpoint: str
     devices: tuple[DeviceHealthRecord, ...]
+    service: str = "v1alpha1.DRAResourceHealth"
+    """The health service the message came through (``v1.DRAResourceHealth`` 1.37+)."""
 
 
 @dataclass(frozen=True)
@@ -152,6 +154,8 @@ class HealthAttempt:
     ``"cancelled"`` when the kubelet closed it (deregistration, stop)."""
     code: str | None = None
     """The gRPC status code name when the stream failed (``UNIMPLEMENTED``...)."""
+    service: str = "v1alpha1.DRAResourceHealth"
+    """The health service the stream was opened on."""
 
 
 @dataclass(frozen=True)

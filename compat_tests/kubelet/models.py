@@ -3,8 +3,8 @@
 The emulator has one code path; every place where kubelets of different versions disagree
 (version string, error wording, synchronous dial-back, which fields are read, what happens
 when a ListAndWatch stream ends) is looked up here. A model is a Kubernetes minor version
-("1.8" ... "1.37"); its generation is the device-plugin API it serves. Device-plugin
-behaviour of 1.34 .. 1.37 is that of 1.33 for this project; their DRA behaviour is in
+("1.8" ... "1.38"); its generation is the device-plugin API it serves. Device-plugin
+behaviour of 1.34 .. 1.38 is that of 1.33 for this project; their DRA behaviour is in
 ``dra_models``.
 """
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 FIRST_MINOR = 8
-LAST_MINOR = 37
+LAST_MINOR = 38
 DEFAULT_MODEL = "1.26"
 
 # Minor versions at which a kubelet behaviour changed (see the project's kubelet facts page).

@@ -32,7 +32,9 @@ Attributes
     constraints line devices up with other drivers' (a NIC on the same NUMA node or root):
     ``resource.kubernetes.io/pciBusID`` (string, the function's address),
     ``resource.kubernetes.io/numaNode`` (int; the scalar form every server accepts, left out
-    when the kernel reports none, as the standard asks), ``resource.kubernetes.io/pcieRoot``
+    when the kernel reports none, as the standard asks; the name KEP-6072 made stable in
+    Kubernetes 1.37, ``StandardDeviceAttributeNUMANode`` with ``IntValue`` from the
+    function's ``numa_node``), ``resource.kubernetes.io/pcieRoot``
     (``pci<domain>:<bus>``) only when discovery read it as ``pcie_root``: the root complex is
     where the function's sysfs path starts, which its address alone does not tell.
 
