@@ -248,3 +248,21 @@ async def test_the_emulated_server_applies_per_manager_and_checks_the_rules(benc
         assert refused.status == 403 and "associated-node:patch" in refused.message, \
             refused.body
         assert (await apply(body(), "one")).status == 200, "touching no entry needs no rule"
+
+
+async def test_a_1_35_server_has_no_granular_status_check(bench):
+    """DRAResourceClaimGranularStatusAuthorization arrives (beta, on) in 1.36: before it,
+    resourceclaims/status alone lets a driver write status.devices."""
+    api = await bench.start_api("1.35")
+    api.create_allocated_claim(NAMESPACE, "c", driver=DRIVER, pool=NODE, devices=["dev-a"],
+                               node_name=NODE)
+    api.faults.deny("associated-node:patch", "resourceclaims/driver")
+    body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "c", "namespace": NAMESPACE},
+            "status": {"devices": [{"driver": DRIVER, "pool": NODE, "device": "dev-a"}]}}
+    async with ApiClient(api.url, api.token, api.ca_file) as client:
+        reply = await client.request(
+            "PATCH", f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims/c/status",
+            body=body, content_type=APPLY, params={"fieldManager": DRIVER, "force": "true"})
+    assert reply.status == 200, reply.body
+    assert set(entries(bench, "c")) == {"dev-a"}
