@@ -137,6 +137,22 @@ async def test_a_port_turning_unhealthy_turns_ready_false_with_the_reason_and_ba
     assert not status_writes(bench, since)
 
 
+
+async def test_a_crash_while_the_plugin_was_down_is_written_by_the_next_one(bench):
+    """The next process reads the claims from its checkpoint and writes their status once:
+    the kubelet does not call prepare again for pods that kept running."""
+    first = await bench.up()
+    port, name = port_device(bench, "3b", 1)
+    await prepared(bench, "across-restart", [name])
+    await bench.until_alive(first, lambda: ready(entries(bench, "across-restart").get(name))
+                            .get("status") == "True", "Ready True after prepare")
+    assert await first.terminate() == 0
+    bench.fake.set_afu_id(port, CRASHED_AFU_ID)
+    second = bench.serve(bench.kubeconfig(), name="second")
+    await bench.until_alive(second, lambda: ready(entries(bench, "across-restart").get(name))
+                            .get("status") == "False", "the crash written by the next process")
+    assert "firmware crashed" in ready(entries(bench, "across-restart")[name])["message"]
+
 async def test_a_refused_status_write_never_fails_prepare_and_is_retried(bench):
     await bench.start_api()
     await bench.start_kubelet()

@@ -112,7 +112,8 @@ async def test_refusals_are_said_once_retried_and_prepare_never_waits(caplog):
         await until(lambda: server.written, "written after the refusals")
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 2, warnings  # one per kind of failure: 403, then 503
-    assert "associated-node:update and associated-node:patch" in warnings[0]
+    assert "associated-node:patch on resourceclaims/driver for resourceNames " \
+        f"[{DRIVER}]" in warnings[0]
     assert any("written again" in r.getMessage() for r in caplog.records)
     (entry,) = server.written[0]
     assert entry.conditions[0].status == "True"

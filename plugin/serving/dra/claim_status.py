@@ -134,11 +134,11 @@ class ClaimStatusReporter:
             self._want(known)
 
     def follow(self, claims: Iterable[PreparedClaim]) -> None:
-        """Claims prepared before this process started (from its checkpoint): their entries
-        were written then; they are written again when their devices' health changes."""
-        for claim in claims:
-            if claim.devices and claim.ref.uid not in self._claims:
-                self._claims[claim.ref.uid] = _Claim(claim)
+        """Claims prepared before this process started (from its checkpoint): written once
+        now, since their devices' health may have changed while no process watched it (the
+        ``lastTransitionTime`` then says when this process first saw the status), then as
+        for any other claim."""
+        self.prepared(c for c in claims if c.ref.uid not in self._claims)
 
     def unprepared(self, uids: Iterable[str]) -> None:
         for uid in uids:
@@ -235,10 +235,9 @@ class ClaimStatusReporter:
         kind = (type(failure), failure.status)
         if kind not in self._said:
             self._said.add(kind)
-            hint = (" (the driver needs update and patch on resourceclaims/status, and from "
-                    "Kubernetes 1.36 associated-node:update and associated-node:patch on "
-                    f"resourceclaims/driver for resourceNames [{self.driver}])"
-                    if failure.status == 403 else "")
+            hint = (" (the driver needs patch on resourceclaims/status and, from "
+                    "Kubernetes 1.36, associated-node:patch on resourceclaims/driver for "
+                    f"resourceNames [{self.driver}])" if failure.status == 403 else "")
             log.warning("cannot write the device status of claim %s%s: %s; prepared claims "
                         "are not affected, trying again with back-off", describe(ref), hint,
                         failure)
