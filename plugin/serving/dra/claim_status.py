@@ -15,9 +15,8 @@ kind of failure is logged once (a warning) until a write succeeds again, and eve
 counted (``dra_claim_status_writes_total{driver,result}``). A claim the server no longer has, or
 has under another UID, is given up. Unprepare writes nothing: the API server drops the entries
 of devices that are deallocated (k/k ``pkg/registry/resource/resourceclaim/strategy.go``,
-``dropDeallocatedStatusDevices``), which is what becomes of a claim after its last pod, and a
-claim still allocated (shared by another node's pod cannot be: a claim's devices are on one
-node) keeps its last word; the driver only stops following it.
+``dropDeallocatedStatusDevices``), which is what becomes of a claim after its last pod; the
+driver only stops following it.
 """
 
 from __future__ import annotations
