@@ -9,7 +9,8 @@ emulator applies ``Strict`` (a real one applies ``Warn``: drops unknown fields, 
 Warning header) so a driver's typo fails loudly; pass ``default_field_validation="Warn"`` for the
 real default.
 
-Not modelled (a real API server does these): server-side apply (415), managedFields, YAML and
+Not modelled (a real API server does these): server-side apply (415) except of a claim's status
+(apply.py), managedFields, RBAC beyond denied verbs (faults.py, claim_authz.py), YAML and
 protobuf bodies, the aggregated discovery format, resourceclaimtemplates, devicetaintrules and
 v1alpha3, admission (ValidatingAdmissionPolicy, NodeRestriction, quota), CEL compilation of
 selectors (only their size is checked), consumable-capacity request policies beyond the

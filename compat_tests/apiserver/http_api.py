@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from aiohttp import web
 from multidict import CIMultiDict
 
-from compat_tests.apiserver import discovery, errors, selectors
+from compat_tests.apiserver import claim_authz, discovery, errors, selectors
 from compat_tests.apiserver import events as events_api
 from compat_tests.apiserver.faults import Faults, LoggedRequest, Tokens, forbidden_message
 from compat_tests.apiserver.models import GROUP, ServerModel
@@ -261,14 +261,20 @@ async def resource_response(backend: Backend, request: web.Request, target: Targ
         obj, warnings = registry.create(info.name, target.version, body, namespace, validation,
                                         dry_run)
         return json_response(obj, 201, warnings)
+    authorize = None
+    if status and info.name == "resourceclaims" and backend.model.enabled(claim_authz.GATE):
+        authorize = claim_authz.authorizer(backend.faults, entry.user, verb, namespace or "",
+                                           name)
     if verb == "update":
         obj, warnings = registry.update(info.name, target.version, name, body, namespace,
-                                        validation, dry_run, status)
+                                        validation, dry_run, status, authorize)
         return json_response(obj, 200, warnings)
     if verb == "patch":
         content_type = request.headers.get("Content-Type", "")
-        obj, warnings = registry.patch(info.name, target.version, name, content_type, body,
-                                       namespace, validation, dry_run, status)
+        obj, warnings = registry.patch(
+            info.name, target.version, name, content_type, body, namespace, validation,
+            dry_run, status, field_manager=query.get("fieldManager", ""),
+            force=query.get("force") == "true", authorize=authorize)
         return json_response(obj, 200, warnings)
     if verb == "delete" and not status:
         return json_response(registry.delete(info.name, target.version, name, namespace,

@@ -68,6 +68,7 @@ GATES: dict[str, tuple[tuple[int, bool], ...]] = {
     "DRAPartitionableDevices": ((33, False), (36, True)),
     "DRAPrioritizedList": ((33, False), (34, True)),
     "DRAResourceClaimDeviceStatus": ((32, False), (33, True)),
+    "DRAResourceClaimGranularStatusAuthorization": ((36, True),),
     "DynamicResourceAllocation": ((32, False), (34, True)),
 }
 """Feature gates whose state changes what the server stores (k/k versioned_kube_features.go)."""

@@ -3,7 +3,8 @@
 A strategic merge patch differs from a merge patch only for lists the schema marks with
 ``x-kubernetes-patch-strategy: merge`` (merged by ``x-kubernetes-patch-merge-key``, or as a set
 for primitives) and for ``$patch`` directives; every other list of these kinds is atomic and
-replaced. Server-side apply (``application/apply-patch+yaml``) is not emulated: 415.
+replaced. Server-side apply (``application/apply-patch+yaml``) is emulated for a claim's
+``status`` only (apply.py); anywhere else it answers 415.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from compat_tests.apiserver import apply as server_side_apply
 from compat_tests.apiserver import errors, pipeline, strategy
 from compat_tests.apiserver import patch as patching
 from compat_tests.apiserver.models import ServerModel
@@ -24,6 +25,8 @@ from compat_tests.apiserver.resources import RESOURCES, ResourceInfo
 from compat_tests.apiserver.store import Store
 
 Obj = dict[str, Any]
+Authorize = Callable[[Obj, Obj], None]
+"""Called with (stored, new) before a status write is validated; raises to refuse it."""
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"
 _SYSTEM_FIELDS = ("creationTimestamp", "uid", "deletionTimestamp", "deletionGracePeriodSeconds",
                   "selfLink")
@@ -38,6 +41,8 @@ class Registry:
         self.model = model
         self.namespaces = namespaces
         self.conflicts_pending = 0
+        self.owners = server_side_apply.Owners()
+        """Who applied which ``status.devices`` entries (server-side apply)."""
 
     # --- helpers -------------------------------------------------------------------------
 
@@ -110,7 +115,8 @@ class Registry:
 
     def update(self, resource: str, version: str, name: str, body: Any,
                namespace: str | None = None, field_validation: str = "Strict",
-               dry_run: bool = False, status: bool = False) -> tuple[Obj, list[str]]:
+               dry_run: bool = False, status: bool = False,
+               authorize: Authorize | None = None) -> tuple[Obj, list[str]]:
         info, model = self._info(resource), self.model()
         obj, warnings = pipeline.decode_write(resource, version, body, model, field_validation)
         meta = obj.setdefault("metadata", {})
@@ -135,6 +141,8 @@ class Registry:
         meta["resourceVersion"] = old_meta["resourceVersion"]
         if status:
             strategy.prepare_status_update(obj, old, model)
+            if authorize is not None:
+                authorize(old, obj)
         else:
             strategy.prepare_update(resource, obj, old, model)
         errs = pipeline.rule_errors(resource, obj, old, model, status=status)
@@ -151,12 +159,18 @@ class Registry:
 
     def patch(self, resource: str, version: str, name: str, content_type: str, body: Any,
               namespace: str | None = None, field_validation: str = "Strict",
-              dry_run: bool = False, status: bool = False) -> tuple[Obj, list[str]]:
+              dry_run: bool = False, status: bool = False, *, field_manager: str = "",
+              force: bool = False,
+              authorize: Authorize | None = None) -> tuple[Obj, list[str]]:
         info = self._info(resource)
         old = self.store.get(resource, namespace if info.namespaced else None, name)
         if old is None:
             raise errors.not_found(resource, info.group, name)
         current = self.read(resource, version, old)
+        if content_type.split(";")[0].strip() == server_side_apply.APPLY and status and \
+                resource == "resourceclaims":
+            return self._apply_status(resource, version, name, body, current, namespace,
+                                      field_validation, dry_run, field_manager, force, authorize)
         patched = patching.apply(content_type, current, body, resource, version,
                                  self.model().schema_release)
         if not isinstance(patched, dict):
@@ -165,7 +179,22 @@ class Registry:
         if meta.get("resourceVersion") == old["metadata"]["resourceVersion"]:
             meta.pop("resourceVersion")  # not sent by the client: unconditional
         return self.update(resource, version, name, patched, namespace, field_validation,
-                           dry_run, status)
+                           dry_run, status, authorize)
+
+    def _apply_status(self, resource: str, version: str, name: str, body: Any, current: Obj,
+                      namespace: str | None, field_validation: str, dry_run: bool,
+                      manager: str, force: bool,
+                      authorize: Authorize | None) -> tuple[Obj, list[str]]:
+        info = self._info(resource)
+        applied, keys = server_side_apply.apply_status(
+            current, body, resource_api_version=f"{info.group}/{version}", kind=info.kind,
+            name=name, manager=manager, force=force, owners=self.owners)
+        applied["metadata"].pop("resourceVersion", None)  # apply is unconditional
+        obj, warnings = self.update(resource, version, name, applied, namespace,
+                                    field_validation, dry_run, True, authorize)
+        if not dry_run:
+            self.owners.record(str(obj["metadata"].get("uid", "")), manager, keys)
+        return obj, warnings
 
     # --- delete --------------------------------------------------------------------------
 

@@ -16,13 +16,19 @@ validateAllocationResult, ValidateDeviceClass) with the limits of k8s.io/api
 - status: ``reservedFor`` (at most 256, unique uid, resource/name/uid required) only with an
   allocation; an allocation once set is immutable; new results (at most 32) name a request of the
   claim (``req`` or ``req/sub``), a driver, a pool and a DNS-label device; ``status.devices``
-  entries must be allocated devices;
+  entries (validateDeviceStatus) must be allocated devices (driver, pool, device and shareID), at
+  most once (the list map's key), with at most 8 conditions valid as
+  ``metav1validation.ValidateConditions`` has them, ``data`` a JSON object of at most 10 KiB
+  (validateRawExtension, not stored), ``networkData`` at most 16 CIDR ``ips``, an interface name
+  of at most 256 and a hardware address of at most 128 characters;
 - DeviceClass: name a DNS subdomain, selectors and config as above, ``extendedResourceName`` a
   valid extended resource name.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import re
 from typing import Any
 
@@ -39,6 +45,16 @@ MAX_CONFIG = 32
 MAX_RESERVED_FOR = 256
 MAX_RESULTS = 32
 MAX_CEL_LENGTH = 10 * 1024
+MAX_DEVICE_CONDITIONS = 8
+MAX_DEVICE_DATA = 10 * 1024
+MAX_NETWORK_IPS = 16
+MAX_INTERFACE_NAME = 256
+MAX_HARDWARE_ADDRESS = 128
+MAX_CONDITION_REASON = 1024
+MAX_CONDITION_MESSAGE = 32768
+CONDITION_STATUSES = ("False", "True", "Unknown")
+_CONDITION_REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$")
 _REQUEST_REF = "must be the name of a request in the claim or the name of a request and a " \
     "subrequest separated by '/'"
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -183,14 +199,29 @@ def validate_claim_status(new: dict[str, Any], old: dict[str, Any]) -> list[Fiel
     results = [as_dict(r) for r in as_list(as_dict(as_dict(allocation).get("devices"))
                                            .get("results"))]
     allocated = {_device_key({**r, "shareID": r.get("shareID", "")}) for r in results}
+    seen: set[tuple[str, str, str, str]] = set()
     for index, device in enumerate(map(as_dict, as_list(status.get("devices")))):
         here = f"status.devices[{index}]"
         errs += rc.validate_driver_name(str(device.get("driver", "")), f"{here}.driver")
         errs += rc.validate_pool_name(str(device.get("pool", "")), f"{here}.pool")
         errs += rc.validate_dns_label(str(device.get("device", "")), f"{here}.device")
-        if _device_key(device) not in allocated:
-            errs.append(fe.invalid(here, "/".join(_device_key(device)[:3]),
+        share = device.get("shareID")
+        if share is not None and not _UUID.fullmatch(str(share)):
+            errs.append(fe.invalid(f"{here}.shareID", share, "uid must be in RFC 4122 "
+                                   "normalized form, `xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` with "
+                                   "lowercase hexadecimal characters"))
+        key = _device_key(device)
+        if key not in allocated:
+            errs.append(fe.invalid(here, "/".join(key[:3]) + (f"/{key[3]}" if key[3] else ""),
                                    "must be an allocated device in the claim"))
+        if key in seen:
+            errs.append(fe.duplicate(here, "/".join(key[:3])))
+        seen.add(key)
+        errs += _device_conditions(as_list(device.get("conditions")), f"{here}.conditions")
+        if "data" in device and device["data"] is not None:
+            errs += _raw_extension(device["data"], f"{here}.data", MAX_DEVICE_DATA)
+        if isinstance(device.get("networkData"), dict):
+            errs += _network_data(device["networkData"], f"{here}.networkData")
     if reserved and allocation is None:
         errs.append(fe.forbidden("status.reservedFor",
                                  "may not be specified when `allocated` is not set"))
@@ -200,6 +231,90 @@ def validate_claim_status(new: dict[str, Any], old: dict[str, Any]) -> list[Fiel
             errs.append(fe.invalid("status.allocation", allocation, "field is immutable"))
     elif allocation is not None:
         errs += _allocation(as_dict(allocation), _request_names(as_dict(new.get("spec"))))
+    return errs
+
+
+def _device_conditions(conditions: list[Any], path: str) -> list[FieldError]:
+    """validateDeviceStatus's limit, then apimachinery ``metav1validation.ValidateConditions``
+    (``pkg/apis/meta/v1/validation/validation.go``): unique qualified-name types, a known
+    status, a set ``lastTransitionTime``, a CamelCase ``reason``, a bounded message."""
+    errs: list[FieldError] = []
+    if len(conditions) > MAX_DEVICE_CONDITIONS:
+        errs.append(fe.too_many(path, len(conditions), MAX_DEVICE_CONDITIONS))
+    types: set[str] = set()
+    for index, condition in enumerate(map(as_dict, conditions)):
+        here = f"{path}[{index}]"
+        kind = str(condition.get("type", ""))
+        if kind in types:
+            errs.append(fe.duplicate(f"{here}.type", kind))
+        types.add(kind)
+        errs += [fe.invalid(f"{here}.type", kind, m) for m in fe.label_key(kind)]
+        value = condition.get("status", "")
+        if value not in CONDITION_STATUSES:
+            errs.append(fe.not_supported(f"{here}.status", value, CONDITION_STATUSES))
+        if condition.get("observedGeneration", 0) < 0:
+            errs.append(fe.invalid(f"{here}.observedGeneration",
+                                   condition.get("observedGeneration"),
+                                   "must be greater than or equal to zero"))
+        since = condition.get("lastTransitionTime")
+        if not since:
+            errs.append(fe.required(f"{here}.lastTransitionTime", "must be set"))
+        elif not _RFC3339.match(str(since)):
+            errs.append(fe.invalid(f"{here}.lastTransitionTime", since, "must be RFC 3339"))
+        reason = str(condition.get("reason", ""))
+        if not reason:
+            errs.append(fe.required(f"{here}.reason", "must be set"))
+        else:
+            if len(reason) > MAX_CONDITION_REASON:
+                errs.append(fe.too_long(f"{here}.reason", MAX_CONDITION_REASON))
+            if not _CONDITION_REASON.match(reason):
+                errs.append(fe.invalid(f"{here}.reason", reason,
+                                       "a condition reason must start with alphabetic "
+                                       "character, optionally followed by a string of "
+                                       "alphanumeric characters or '_,:', and must end with "
+                                       "an alphanumeric character or '_' (e.g. 'my_name',  or "
+                                       "'MY_NAME',  or 'MyName',  or 'ReasonA,ReasonB',  or "
+                                       "'ReasonA:ReasonB', regex used for validation is "
+                                       "'[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?')"))
+        if len(str(condition.get("message", ""))) > MAX_CONDITION_MESSAGE:
+            errs.append(fe.too_long(f"{here}.message", MAX_CONDITION_MESSAGE))
+    return errs
+
+
+def _raw_extension(value: Any, path: str, maximum: int) -> list[FieldError]:
+    """validateRawExtension(raw, path, stored=false, maximum): a JSON object, raw length at
+    most ``maximum`` (the length as sent; compact JSON here)."""
+    raw = json.dumps(value, separators=(",", ":"))
+    if len(raw) > maximum:
+        return [fe.too_long(path, maximum)]
+    if not isinstance(value, dict):
+        return [fe.invalid(path, "<value omitted>", "must be a valid JSON object")]
+    return []
+
+
+def _network_data(data: dict[str, Any], path: str) -> list[FieldError]:
+    """validateNetworkDeviceData: sizes and CIDR addresses."""
+    errs: list[FieldError] = []
+    if len(str(data.get("interfaceName", ""))) > MAX_INTERFACE_NAME:
+        errs.append(fe.too_long(f"{path}.interfaceName", MAX_INTERFACE_NAME))
+    if len(str(data.get("hardwareAddress", ""))) > MAX_HARDWARE_ADDRESS:
+        errs.append(fe.too_long(f"{path}.hardwareAddress", MAX_HARDWARE_ADDRESS))
+    ips = as_list(data.get("ips"))
+    if len(ips) > MAX_NETWORK_IPS:
+        return [*errs, fe.too_many(f"{path}.ips", len(ips), MAX_NETWORK_IPS)]
+    seen: set[str] = set()
+    for index, ip in enumerate(ips):
+        here = f"{path}.ips[{index}]"
+        try:
+            ipaddress.ip_interface(str(ip))
+            if "/" not in str(ip):
+                raise ValueError(ip)
+        except ValueError:
+            errs.append(fe.invalid(here, ip, "must be a valid address in CIDR form, (e.g. "
+                                   "10.9.8.7/24 or 2001:db8::1/64)"))
+        if ip in seen:
+            errs.append(fe.duplicate(here, ip))
+        seen.add(str(ip))
     return errs
 
 

@@ -67,6 +67,11 @@ class _Prometheus:
             "dra_slice_publications", "Times the node's pool was written to the API server "
             "(a new pool generation).", ["driver"], namespace=NAMESPACE,
         )
+        self.dra_claim_status_writes = prom.Counter(
+            "dra_claim_status_writes", "Writes of prepared claims' status.devices entries, by "
+            "result (refused: 401 or 403, error: anything else that failed).",
+            ["driver", "result"], namespace=NAMESPACE,
+        )
         build_info = prom.Gauge(
             "build_info", "Always 1; the labels say which build runs: its version and the "
             "Python it runs on.", ["version", "python"], namespace=NAMESPACE,
@@ -167,3 +172,9 @@ def dra_slices_published(driver: str) -> None:
     """A new pool generation was written."""
     if _active is not None:
         _active.dra_slice_publications.labels(driver).inc()
+
+
+def dra_claim_status_write(driver: str, result: str) -> None:
+    """One write of a claim's ``status.devices`` entries: ``ok``, ``refused`` or ``error``."""
+    if _active is not None:
+        _active.dra_claim_status_writes.labels(driver, result).inc()

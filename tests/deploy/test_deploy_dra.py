@@ -55,13 +55,20 @@ MINIMUM_RULES = {
     (RESOURCE_GROUP, "resourceslices"): {"get", "list", "watch", "create", "update", "patch",
                                          "delete"},
     (RESOURCE_GROUP, "resourceclaims"): {"get"},
+    (RESOURCE_GROUP, "resourceclaims/status"): {"patch"},
+    (RESOURCE_GROUP, "resourceclaims/driver"): {"associated-node:patch"},
     (RESOURCE_GROUP, "deviceclasses"): {"get", "list", "watch"},
     ("", "nodes"): {"get"},
     ("events.k8s.io", "events"): {"create", "patch"},
 }
-"""(API group, resource) to verbs: what the DRA example driver asks for, less the claim
-status write this driver does not make, plus reading DeviceClasses for ACCELERATOR_DP_API=auto
-and writing the Node's Events (on by default with DRA)."""
+"""(API group, resource) to verbs: what the DRA example driver asks for (its chart's
+``templates/clusterrole.yaml``: the claim status write and, for Kubernetes 1.36's granular
+authorization, the ``associated-node`` verb on ``resourceclaims/driver`` for the driver's name
+only), with only the verbs this driver uses (a server-side apply is a PATCH, never an update),
+plus reading DeviceClasses for ACCELERATOR_DP_API=auto and writing the Node's Events (on by
+default with DRA)."""
+NAMED = {(RESOURCE_GROUP, "resourceclaims/driver"): [DRIVER]}
+"""The rules that must name their objects (resourceNames), and the names."""
 
 DRA_ENV = {
     "ACCELERATOR_DP_API": "auto",
@@ -173,11 +180,17 @@ def test_daemonset_state_dir_is_the_default_for_its_driver_name(dra):
 def _rules(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
     granted: dict[tuple[str, str], set[str]] = {}
     for rule in role["rules"]:
-        assert set(rule) == {"apiGroups", "resources", "verbs"}, (
-            "no resourceNames, nonResourceURLs or anything else", rule)
-        for group in rule["apiGroups"]:
-            for resource in rule["resources"]:
-                granted.setdefault((group, resource), set()).update(rule["verbs"])
+        pairs = [(g, r) for g in rule["apiGroups"] for r in rule["resources"]]
+        named = {NAMED.get(pair) is not None for pair in pairs}
+        assert len(named) == 1, ("a rule naming objects grants nothing else", rule)
+        if named == {True}:
+            assert set(rule) == {"apiGroups", "resources", "verbs", "resourceNames"}, rule
+            assert all(rule["resourceNames"] == NAMED[pair] for pair in pairs), rule
+        else:
+            assert set(rule) == {"apiGroups", "resources", "verbs"}, (
+                "no resourceNames, nonResourceURLs or anything else", rule)
+        for pair in pairs:
+            granted.setdefault(pair, set()).update(rule["verbs"])
     return granted
 
 
@@ -188,13 +201,15 @@ def test_cluster_role_is_exactly_the_minimum(dra):
     assert granted == MINIMUM_RULES
     named = {g for g, _ in granted} | {r for _, r in granted}
     assert "*" not in named | {v for verbs in granted.values() for v in verbs}
-    # Claims are read, never written: no status subresource at all.
-    assert not any(r.startswith("resourceclaims/") for _, r in granted)
+    # Of a claim only its status is written, and only by PATCH (server-side apply).
+    assert {r for _, r in granted if r.startswith("resourceclaims")} == {
+        "resourceclaims", "resourceclaims/status", "resourceclaims/driver"}
     assert [o["kind"] for o in dra if o["kind"] in ("Role", "RoleBinding")] == []
 
 
 def test_rule_check_fails_on_one_verb_more():
-    role = {"rules": [{"apiGroups": [g], "resources": [r], "verbs": sorted(v)}
+    role = {"rules": [{"apiGroups": [g], "resources": [r], "verbs": sorted(v),
+                       **({"resourceNames": NAMED[(g, r)]} if (g, r) in NAMED else {})}
                       for (g, r), v in MINIMUM_RULES.items()]}
     assert _rules(role) == MINIMUM_RULES
     role["rules"][1]["verbs"].append("update")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import re
 from typing import Any
@@ -231,7 +232,10 @@ def test_dra_objects_are_the_overlays(rendered):
     chart_rules = one(chart, "ClusterRole")["rules"]
     overlay_rules = one(overlay, "ClusterRole")["rules"]
     # Both grant the Events the pods write (events auto is on with DRA), and nothing else.
-    assert sorted(map(repr, chart_rules)) == sorted(map(repr, overlay_rules))
+    def canonical(rules: list[dict[str, Any]]) -> list[str]:
+        return sorted(json.dumps(rule, sort_keys=True) for rule in rules)
+
+    assert canonical(chart_rules) == canonical(overlay_rules)
 
 
 # --- who talks to the API server ------------------------------------------------------------
@@ -377,3 +381,14 @@ def test_chart_and_kustomize_alerts_are_the_same():
         pytest.skip(f"{KUSTOMIZE_RULE.relative_to(REPO)} is not in this tree")
     (kustomize,) = [d for d in yaml.safe_load_all(KUSTOMIZE_RULE.read_text()) if d]
     assert kustomize["spec"] == yaml.safe_load(ALERTS_FILE.read_text())
+
+
+def test_the_claim_status_rule_names_the_configured_driver_only():
+    """Kubernetes 1.36's granular authorization of status.devices writes is per driver
+    name: the chart's rule follows config.dra-driver-name."""
+    objects = render({"config": {"api": "auto", "dra-driver-name": "fpga.example.com"}})
+    rules = one(objects, "ClusterRole")["rules"]
+    assert {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/driver"],
+            "verbs": ["associated-node:patch"], "resourceNames": ["fpga.example.com"]} in rules
+    assert {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/status"],
+            "verbs": ["patch"]} in rules

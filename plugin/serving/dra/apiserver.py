@@ -28,6 +28,7 @@ from lightkube import ApiError, AsyncClient, KubeConfig
 from lightkube.config.client_adapter import verify_cluster
 from lightkube.core.exceptions import ConfigError
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
+from lightkube.types import PatchType
 
 from api_versions.k8s_objects import api_version_of
 from api_versions.resource_versions import GROUP, KNOWN_VERSIONS, newest_first
@@ -199,6 +200,29 @@ class ApiServer:
                                                              namespace=namespace)))
             found.setdefault("apiVersion", f"{GROUP}/{version}")
             return found
+
+        return await self._in_served_version(in_version)
+
+    async def apply_claim_status(self, build: Callable[[str], dict[str, Any]],
+                                 field_manager: str) -> dict[str, Any]:
+        """Server-side apply ``build(version)`` (a claim's status apply configuration) to
+        the claim's ``status`` subresource, as ``field_manager``, forcing ownership.
+
+        Apply rather than update or merge patch: ``status.devices`` is a list map whose
+        entries belong to their drivers, and an apply by one manager sets and removes only
+        the entries that manager owns, with no read first and no conflict with the
+        scheduler's writes or another driver's entries (kubernetes-sigs/dranet
+        ``pkg/driver/nri_hooks.go`` applies its claims' status the same way: field manager
+        the driver name, ``Force: true``)."""
+
+        async def in_version(version: str) -> dict[str, Any]:
+            obj = build(version)
+            meta = obj["metadata"]
+            resource = self._resource(version, "ResourceClaim", "resourceclaims",
+                                      namespaced=True)
+            return _plain(await self._call(self._client.patch(
+                resource.Status, meta["name"], obj, namespace=meta["namespace"],
+                patch_type=PatchType.APPLY, field_manager=field_manager, force=True)))
 
         return await self._in_served_version(in_version)
 

@@ -43,3 +43,30 @@ class ClaimAllocation:
     def results_for(self, driver: str) -> tuple[AllocationResult, ...]:
         """The results this driver prepares; other drivers' devices are theirs."""
         return tuple(r for r in self.results if r.driver == driver)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceCondition:
+    """One condition of an allocated device's status, as ``metav1.Condition`` spells it:
+    ``status`` is ``True``, ``False`` or ``Unknown``; ``since`` (RFC 3339, seconds) changes
+    only when ``status`` does, as ``lastTransitionTime`` must."""
+
+    type: str
+    status: str
+    reason: str
+    message: str
+    since: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceStatusReport:
+    """What this driver says of one of its allocated devices in ``status.devices[]``
+    (KEP-4817): ``data`` is the driver's own JSON object (PCI address, device nodes)."""
+
+    driver: str
+    pool: str
+    device: str
+    data: tuple[tuple[str, object], ...]
+    """The data object's items, kept as pairs so the value stays hashable and comparable."""
+    conditions: tuple[DeviceCondition, ...]
+    share_id: str | None = None

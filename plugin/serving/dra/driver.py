@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from api_versions.claim_status import status_apply
 from api_versions.device_classes import extended_resource_names
 from api_versions.k8s_objects import KubeObject, api_version_of
 from api_versions.resource_claims import parse_claim
@@ -36,7 +37,8 @@ from plugin.process import metrics
 from plugin.serving.dra.apiserver import REQUEST_TIMEOUT, ApiFailure, ApiRefused, ApiServer
 from plugin.serving.dra.checkpoint import ClaimCheckpoint
 from plugin.serving.dra.claim_cdi import ClaimSpecs, accelerator_env
-from plugin.serving.dra.claims_model import ClaimAllocation, ClaimRef
+from plugin.serving.dra.claim_status import ClaimStatusReporter
+from plugin.serving.dra.claims_model import ClaimAllocation, ClaimRef, DeviceStatusReport
 from plugin.serving.dra.health import HealthBroadcaster
 from plugin.serving.dra.inventory import Pool, pool_of
 from plugin.serving.dra.prepare import ClaimPreparer
@@ -89,6 +91,7 @@ class DraDriver:
         self._pool_devices: object = None
         self._preparer: ClaimPreparer | None = None
         self._health: HealthBroadcaster | None = None
+        self._status: ClaimStatusReporter | None = None
         self._follower: asyncio.Task[None] | None = None
         self._publishing: asyncio.Task[None] | None = None
         self.publisher: SlicePublisher | None = None
@@ -136,8 +139,14 @@ class DraDriver:
             # In the version it was read in: another call may have found another since.
             return parse_claim(api_version_of(obj), obj)
 
+        async def write_status(ref: ClaimRef, reports: tuple[DeviceStatusReport, ...]) -> None:
+            await api.apply_claim_status(lambda version: status_apply(version, ref, reports),
+                                         field_manager=place.driver)
+
         if self._preparer is None:
             place.state_dir.mkdir(parents=True, exist_ok=True)
+            self._status = ClaimStatusReporter(place.driver, lambda: self.feed.current,
+                                               write_status)
             # Read at first use, which comes through the socket: only the instance holding
             # it reads the record (a rolling update's newcomer waits for the old one first).
             checkpoint = ClaimCheckpoint(place.state_dir / CHECKPOINT_FILE, load=False)
@@ -145,7 +154,8 @@ class DraDriver:
                 place.driver, place.node, self.device_names, read_claim, self._cdi_ids,
                 checkpoint, claim_specs=ClaimSpecs(
                     place.cdi_dir, place.driver,
-                    lambda ids: accelerator_env(ids, self.feed.current)))
+                    lambda ids: accelerator_env(ids, self.feed.current)),
+                on_prepared=self._status.prepared, on_unprepared=self._status.unprepared)
             metrics.follow_dra_prepared_claims(place.driver, checkpoint.held)
             self._health = HealthBroadcaster(place.node, self.feed, self.device_names)
             self._follower = asyncio.create_task(self._follow_devices(),
@@ -202,12 +212,14 @@ class DraDriver:
         assert self._api is not None and self.service is not None, "serve_kubelet first"
         publisher = SlicePublisher(self._api, self.place.node, self.place.driver, self.build)
         self.publisher = publisher
-        service, preparer = self.service, self._preparer
+        service, preparer, status = self.service, self._preparer, self._status
 
         async def publish() -> None:
             await service.wait_serving()
             if preparer is not None:
                 preparer.checkpoint.load()  # the socket is ours: so is the record (said now)
+                if status is not None:
+                    status.follow(preparer.checkpoint.claims.values())
             await publisher.run()
 
         self._publishing = asyncio.create_task(publish(), name="slice publisher")
@@ -234,6 +246,8 @@ class DraDriver:
             self._follower = None
         if self._health is not None:
             await self._health.close()
+        if self._status is not None:
+            await self._status.close()
         if self._api is not None:
             await self._api.close()
             self._api = None
@@ -263,6 +277,8 @@ class DraDriver:
         async for _devices in self.feed.subscribe():
             if self.publisher is not None:
                 self.publisher.devices_changed()
+            if self._status is not None:
+                self._status.devices_changed()
 
     async def self_check(self) -> bool:
         return True if self.service is None else await self.service.self_check()

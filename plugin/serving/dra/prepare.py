@@ -53,6 +53,10 @@ from plugin.serving.dra.prepared import (
 log = logging.getLogger(__name__)
 
 ReadClaim = Callable[[ClaimRef], Awaitable[ClaimAllocation]]
+Observer = Callable[[list[PreparedClaim]], None]
+"""Told the claims a call prepared (or found prepared), once the answer is on its way."""
+Forget = Callable[[list[str]], None]
+"""Told the UIDs a call unprepared."""
 DEFAULT_CONCURRENCY = 32
 DEFAULT_READ_TIMEOUT = 20.0
 """One claim read; a call's own deadline may cut it shorter."""
@@ -89,7 +93,9 @@ class ClaimPreparer:
                  cdi_ids: Callable[[str], list[str]], checkpoint: ClaimCheckpoint, *,
                  claim_specs: ClaimSpecs | None = None,
                  concurrency: int = DEFAULT_CONCURRENCY,
-                 read_timeout: float = DEFAULT_READ_TIMEOUT) -> None:
+                 read_timeout: float = DEFAULT_READ_TIMEOUT,
+                 on_prepared: Observer | None = None,
+                 on_unprepared: Forget | None = None) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, not {concurrency}")
         self.driver = driver
@@ -101,6 +107,8 @@ class ClaimPreparer:
         self._read_claim = read_claim
         self._cdi_ids = cdi_ids
         self._reads = asyncio.Semaphore(concurrency)
+        self.on_prepared = on_prepared
+        self.on_unprepared = on_unprepared
 
     # -- prepare ---------------------------------------------------------------------------
 
@@ -114,6 +122,11 @@ class ClaimPreparer:
         results = await self._prepare(claims, timeout)
         failed = sum(1 for result in results.values() if not result.ok)
         metrics.dra_claims(self.driver, "prepare", len(results) - failed, failed)
+        if self.on_prepared is not None:
+            done = [claim for uid, result in results.items()
+                    if result.ok and (claim := self.checkpoint.get(uid)) is not None]
+            if done:  # after the answer: the kubelet does not wait on what comes of it
+                asyncio.get_running_loop().call_soon(self.on_prepared, done)
         return results
 
     async def _prepare(self, claims: Sequence[ClaimRef],
@@ -329,6 +342,8 @@ class ClaimPreparer:
         results = await self._unprepare(claims)
         failed = sum(1 for error in results.values() if error)
         metrics.dra_claims(self.driver, "unprepare", len(results) - failed, failed)
+        if self.on_unprepared is not None:
+            self.on_unprepared([uid for uid, error in results.items() if not error])
         return results
 
     async def _unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
