@@ -56,12 +56,13 @@ MINIMUM_RULES = {
                                          "delete"},
     (RESOURCE_GROUP, "resourceclaims"): {"get"},
     (RESOURCE_GROUP, "deviceclasses"): {"get", "list", "watch"},
-    ("", "nodes"): {"get"},
+    ("", "nodes"): {"get", "list", "watch"},
     ("events.k8s.io", "events"): {"create", "patch"},
 }
 """(API group, resource) to verbs: what the DRA example driver asks for, less the claim
-status write this driver does not make, plus reading DeviceClasses for ACCELERATOR_DP_API=auto
-and writing the Node's Events (on by default with DRA)."""
+status write this driver does not make, plus reading DeviceClasses for ACCELERATOR_DP_API=auto,
+writing the Node's Events (on by default with DRA), and listing and watching Nodes for the
+per-node label accelerator.b-com.com/api (the pod watches its own Node by name)."""
 
 DRA_ENV = {
     "ACCELERATOR_DP_API": "auto",
