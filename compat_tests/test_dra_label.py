@@ -117,3 +117,22 @@ async def test_no_right_to_watch_nodes_decides_as_today_with_one_warning(
     assert warned[0]["level"] == "warning"
     assert "403" in warned[0]["message"] and "nodes get, list and watch" in warned[0]["message"]
     assert [chosen for chosen, _ in choices(plugin)] == ["DRA", "the device plugin"]
+
+
+async def test_with_api_dra_the_flag_wins_and_a_disagreeing_label_is_said_once(
+        cluster, sockdir, logdir, tmp_path):  # noqa: F811
+    api, _ = cluster
+    api.label_node(NODE, LABEL, "device-plugin")
+    async with mapped_node(cluster, sockdir, logdir, tmp_path, "1.36",
+                           "--api", "dra") as (node, plugin, _):
+        await until(node.dra_offers, "--api dra: DRA whatever the label")
+        entry = await plugin.wait_for_log(lambda e: "is not followed" in e.get("message", ""),
+                                          what="the flag winning said")
+        await asyncio.sleep(2)
+        api.label_node(NODE, LABEL, "dra")  # agrees: nothing to say
+        await asyncio.sleep(1)
+        assert node.dra_offers() and not node.device_plugin_offers()
+    assert entry["level"] == "warning"
+    assert "label accelerator.b-com.com/api=device-plugin" in entry["message"]
+    assert "--api dra" in entry["message"]
+    assert len(said(plugin, "is not followed")) == 1
