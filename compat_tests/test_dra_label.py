@@ -14,7 +14,15 @@ import asyncio
 import contextlib
 
 from compat_tests.dra_support import until
-from compat_tests.test_dra_auto import NODE, choices, cluster, mapped_node  # noqa: F401
+from compat_tests.test_dra_auto import (  # noqa: F401
+    NODE,
+    Node,
+    choices,
+    cluster,
+    fake_node,
+    mapped_node,
+    start_plugin,
+)
 
 LABEL = "accelerator.b-com.com/api"
 MOVE = 5.0
@@ -136,3 +144,30 @@ async def test_with_api_dra_the_flag_wins_and_a_disagreeing_label_is_said_once(
     assert "label accelerator.b-com.com/api=device-plugin" in entry["message"]
     assert "--api dra" in entry["message"]
     assert len(said(plugin, "is not followed")) == 1
+
+
+async def test_no_api_server_decides_as_today_with_one_warning(
+        cluster, sockdir, logdir, tmp_path):  # noqa: F811
+    api, registry = cluster
+    api.create_device_class("accelerator.b-com.com", driver="accelerator.b-com.com",
+                            extended_resource_name="b-com.com/accelerator")
+    node = Node(sockdir, registry, api)
+    await node.boot("1.36")
+    await api.go_down()
+    plugin = start_plugin(sockdir, logdir, registry, fake_node(tmp_path),
+                          api.write_kubeconfig(tmp_path / "kc"), tmp_path)
+    try:
+        await until(node.device_plugin_offers, "the device plugin, as today")
+        await asyncio.sleep(3)  # the label watch retried with back-off meanwhile
+        await api.come_back()
+        await plugin.wait_for_log(lambda e: "labels are watched again" in e.get("message", ""),
+                                  timeout=15, what="the label watch working again")
+        assert node.device_plugin_offers() and not node.dra_offers()
+    finally:
+        await node.kubelet.stop()
+        plugin.kill()
+    warned = said(plugin, "cannot follow its labels")
+    assert len(warned) == 1, warned
+    assert "unreachable" in warned[0]["message"], warned
+    [(chosen, why)] = choices(plugin)
+    assert chosen == "the device plugin" and "the API server cannot tell" in why

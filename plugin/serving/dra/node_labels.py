@@ -22,7 +22,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from plugin.serving.dra.apiserver import ApiFailure, ApiServer, Gone
+from plugin.serving.dra.apiserver import ApiFailure, ApiServer, ApiUnavailable, Gone
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +30,10 @@ BACKOFF_INITIAL = 0.2
 BACKOFF_MAX = 30.0
 WATCH_LIFETIME = 300.0
 """Seconds one watch is followed before it is made anew from a list (as the slice watch)."""
+READ_TIMEOUT = 2.0
+"""Bound on the GET a decision makes while the watch is not live: a decision must not wait
+a whole ``--api-request-timeout`` for the label on top of its own API server calls (a late
+label is not lost: the watch brings it, and with it a new decision)."""
 
 Labels = Mapping[str, str]
 
@@ -100,7 +104,11 @@ class NodeLabelWatch:
         if self.live:
             return self.labels
         try:
-            node = await self._client().get_node(self.node)
+            async with asyncio.timeout(READ_TIMEOUT):
+                node = await self._client().get_node(self.node)
+        except TimeoutError:
+            self._say(ApiUnavailable(f"no answer to a GET of the Node within {READ_TIMEOUT:g} s"))
+            return self.labels
         except ApiFailure as failure:
             self._say(failure)
             return self.labels
