@@ -17,7 +17,9 @@ selectors (only their size is checked), consumable-capacity request policies bey
 allowMultipleAllocations rule, nodeAllocatableResourceMappings rules, consistent snapshots for
 ``continue`` and ``resourceVersionMatch=Exact`` lists (pages come from the current state),
 priority and fairness (429 only when injected), garbage collection except of a deleted Node's
-dependants, server-chosen watch timeouts, HTTP/2, and schema differences between releases other
+dependants, ``nodes/status`` writes and the spec rules of a Node update (nodes.py: Nodes are
+read, listed, watched, updated and patched, as ``kubectl label`` does), server-chosen watch
+timeouts, HTTP/2, and schema differences between releases other
 than the fields and gates listed in models.py (the schemas are those of 1.36).
 """
 

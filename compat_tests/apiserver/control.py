@@ -16,6 +16,7 @@ listens on 127.0.0.1 only. Every answer is JSON.
 - ``POST /_emulator/watches/end``, ``POST /_emulator/expire {"revision": optional}``
 - ``POST /_emulator/tokens {"tokens": {token: user}}``
 - ``POST /_emulator/nodes {"name", "labels"}``, ``POST /_emulator/namespaces {"name"}``
+- ``POST /_emulator/nodes/label {"name", "key", "value"}`` (``value`` null removes it)
 - ``POST /_emulator/objects`` any v1 object; ``POST /_emulator/claims/allocated`` with the
   arguments of ``create_allocated_claim``; ``POST /_emulator/claims/status {"namespace",
   "name", "status"}``
@@ -80,6 +81,7 @@ def add_control_routes(app: web.Application, api: ApiServerEmulator, prefix: str
     route("POST", "/expire", lambda b: api.expire_resource_versions(b.get("revision")))
     route("POST", "/tokens", lambda b: api.set_tokens(b["tokens"]))
     route("POST", "/nodes", lambda b: api.create_node(b["name"], b.get("labels")))
+    route("POST", "/nodes/label", lambda b: api.label_node(b["name"], b["key"], b.get("value")))
     route("POST", "/namespaces", lambda b: api.create_namespace(b["name"]))
     route("POST", "/objects", lambda b: api.create(b))
     route("POST", "/claims/allocated", lambda b: api.create_allocated_claim(**b))

@@ -22,6 +22,7 @@ from compat_tests.apiserver import claim_authz, discovery, errors, selectors
 from compat_tests.apiserver import events as events_api
 from compat_tests.apiserver.faults import Faults, LoggedRequest, Tokens, forbidden_message
 from compat_tests.apiserver.models import GROUP, ServerModel
+from compat_tests.apiserver.nodes import NodeWrites
 from compat_tests.apiserver.pipeline import FIELD_VALIDATIONS
 from compat_tests.apiserver.registry import Registry
 from compat_tests.apiserver.resources import NODES, RESOURCES, ResourceInfo
@@ -53,6 +54,7 @@ class Backend(Protocol):
     default_field_validation: str
     bookmark_interval: float
     events: events_api.EventStore
+    nodes: NodeWrites
 
     @property
     def address(self) -> str: ...
@@ -240,8 +242,14 @@ async def resource_response(backend: Backend, request: web.Request, target: Targ
                             body: Any, entry: LoggedRequest) -> web.StreamResponse:
     info, query, registry = target.info, request.query, backend.registry
     verb, name, namespace = target.verb, target.name, target.namespace
-    if info is NODES and verb not in ("get", "list", "watch"):
+    if info is NODES and (verb not in ("get", "list", "watch", "patch", "update")
+                          or target.subresource):
         raise errors.method_not_supported("nodes", "", verb)
+    if info is NODES and verb == "patch":
+        return json_response(backend.nodes.patch(name, request.headers.get("Content-Type", ""),
+                                                  body))
+    if info is NODES and verb == "update":
+        return json_response(backend.nodes.update(name, body))
     if info is events_api.EVENTS:
         return _events_response(backend, request, target, body)
     if verb == "get":

@@ -27,6 +27,7 @@ from compat_tests.apiserver.events import EventStore
 from compat_tests.apiserver.faults import DEFAULT_USER, Faults, LoggedRequest, Tokens
 from compat_tests.apiserver.http_api import handle
 from compat_tests.apiserver.models import DEFAULT_MODEL, ServerModel, load_model
+from compat_tests.apiserver.nodes import NodeWrites
 from compat_tests.apiserver.registry import Registry
 from compat_tests.apiserver.store import Store
 
@@ -57,6 +58,7 @@ class ApiServerEmulator:
         self.namespaces = {"default", "kube-system"}
         self.registry = Registry(self.store, lambda: self.model, self.namespaces)
         self.events = EventStore(self.store, self.namespaces)
+        self.nodes = NodeWrites(self.store)
         self.faults = Faults()
         self.tokens = Tokens(tokens if tokens is not None else {
             secrets.token_hex(16): DEFAULT_USER})
@@ -263,6 +265,12 @@ class ApiServerEmulator:
         node = objects.node(name, labels)
         node["metadata"].update(uid=str(uuid.uuid4()), creationTimestamp=strategy.now())
         return self.store.commit("nodes", "ADDED", node)
+
+    def label_node(self, name: str, key: str, value: str | None) -> Obj:
+        """What ``kubectl label node NAME KEY=VALUE --overwrite`` (or ``KEY-`` for None)
+        sends: a JSON merge patch of the Node's labels, through the HTTP write path."""
+        return self.nodes.patch(name, "application/merge-patch+json",
+                                {"metadata": {"labels": {key: value}}})
 
     def delete_node(self, name: str) -> list[str]:
         """Delete a Node; like the garbage collector, also delete the objects it owns (a

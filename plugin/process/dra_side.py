@@ -12,7 +12,10 @@ registration channel is decided:
    kubelet's plugin watcher answers (a kubelet without DRA says ``no handler registered for
    plugin type: DRAPlugin``; one that says nothing within ``--watcher-wait`` counts as no).
 
-DRA when both hold, the device plugin otherwise. The same resource is never offered both ways
+DRA when both hold, the device plugin otherwise, unless the Node's label
+``accelerator.b-com.com/api`` says otherwise (:mod:`plugin.process.api_label`): read at each
+decision and watched, so a label change is a new decision at once, for the same kubelet,
+moving the node with the same care as below. The same resource is never offered both ways
 (KEP-5004: a device plugin advertising the name makes the scheduler ignore DRA on the node):
 moving to DRA, the device-plugin servers are withdrawn before the first slice is published;
 moving back, the slices are deleted and the DRA socket removed before a device-plugin server
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from enum import Enum
 from typing import TYPE_CHECKING
 
@@ -33,12 +36,14 @@ from api_versions.negotiate import KUBELET_SOCKET
 from plugin.cli.config import KUBELET_PLUGINS_DIR, Settings
 from plugin.model.devices import DeviceSet
 from plugin.model.feed import DeviceFeed
+from plugin.process.api_label import NO_LABEL, LabelReader, Override, Pin
 from plugin.process.supervise import supervise
 from plugin.serving.cdi import CdiPolicy, SpecWriter
 from plugin.serving.routing import FileIdentity, identity
 
 if TYPE_CHECKING:
     from plugin.serving.dra.driver import DraDriver
+    from plugin.serving.dra.node_labels import NodeLabelWatch
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +90,12 @@ class DraSide:
         self._kick = asyncio.Event()
         self._decided = asyncio.Event()
         self._decided_for: object = None
+        self._decided_pin: Pin | None = None
+        """What the label asked of the last decision (None: none made yet)."""
+        self._label_reader = LabelReader(settings.node_name or "")
+        self._labels: NodeLabelWatch | None = None
+        self._label_task: asyncio.Task[None] | None = None
+        self._flag_wins_said: set[str] = set()
 
     @property
     def device_plugin_allowed(self) -> bool:
@@ -121,6 +132,7 @@ class DraSide:
             chosen_per_kubelet=settings.api == "auto",
             kubelet_socket=settings.device_plugin_dir / KUBELET_SOCKET)
         self.driver = DraDriver(place, feed, self.cdi_ids)
+        self._watch_label(settings.node_name)
         if settings.api == "dra":
             self._task = asyncio.create_task(
                 supervise("DRA driver", self.driver.run, finished=self._stopping),
@@ -130,6 +142,35 @@ class DraSide:
                 supervise("node API choice", self._choose_forever, finished=self._stopping),
                 name="node API choice")
             self.kick()
+
+    def _watch_label(self, node: str) -> None:
+        """Follow the Node's label: under ``auto`` to decide by it, under ``dra`` only to
+        say once that the flag wins over it."""
+        from plugin.serving.dra.node_labels import NodeLabelWatch
+
+        changed = self._label_changed if self.settings.api == "auto" else self._flag_wins
+        assert self.driver is not None
+        self._labels = NodeLabelWatch(node, self.driver.api, changed)
+        self._label_task = asyncio.create_task(
+            supervise("node label watch", self._labels.run, finished=self._stopping),
+            name="node label watch")
+
+    def _label_changed(self, labels: Mapping[str, str]) -> None:
+        """A new value: decide again at once if it asks something else of the node."""
+        pin = self._label_reader.pin(labels)
+        if self._decided_pin is not None and pin.override is not self._decided_pin.override:
+            log.info("node %s: %s; deciding again between the device plugin and DRA",
+                     self.settings.node_name, pin.said)
+            self.kick()
+
+    def _flag_wins(self, labels: Mapping[str, str]) -> None:
+        pin = self._label_reader.pin(labels)
+        if pin is NO_LABEL or pin.override is Override.DRA or pin.said in self._flag_wins_said:
+            return
+        self._flag_wins_said.add(pin.said)
+        log.warning("node %s: %s is not followed: --api %s serves the node through DRA "
+                    "whatever the label says (only --api auto follows it)",
+                    self.settings.node_name, pin.said, self.settings.api)
 
     async def device_plugin_may_serve(self) -> bool:
         """Whether a device-plugin server may serve the kubelet there now: it waits for the
@@ -165,6 +206,10 @@ class DraSide:
         self._kick.set()
 
     async def close(self) -> None:
+        label_task, self._label_task = self._label_task, None
+        if label_task is not None:  # first: it uses the driver's client, closed below
+            label_task.cancel()
+            await asyncio.gather(label_task, return_exceptions=True)
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -185,11 +230,32 @@ class DraSide:
                 # No kubelet runs (one is restarting): nothing to decide for. The next one's
                 # kubelet.sock kicks again; until then the node stays as it is.
                 continue
-            if self.choice is not None and kubelet == self._decided_for:
+            known = self._label_reader.pin(self._labels.labels if self._labels else None)
+            if self.choice is not None and kubelet == self._decided_for and \
+                    self._decided_pin is not None and \
+                    known.override is self._decided_pin.override:
                 continue
-            choice, why = await self._decide(kubelet)
-            self._decided_for = kubelet
+            pin = self._label_reader.pin(await self._labels.read()) if self._labels else NO_LABEL
+            choice, why = await self._decide_pinned(kubelet, pin)
+            self._decided_for, self._decided_pin = kubelet, pin
             await self._apply(choice, why)
+
+    async def _decide_pinned(self, kubelet: FileIdentity, pin: Pin) -> tuple[NodeApi, str]:
+        """:meth:`_decide`, as the label asks: ``device-plugin`` forces the device plugin;
+        ``dra`` asks for DRA where it is allowed, and where it is not says why the node
+        stays on the device plugin; a new value is named in the reason of the move."""
+        if pin.override is Override.DEVICE_PLUGIN:
+            return NodeApi.DEVICE_PLUGIN, pin.said
+        choice, why = await self._decide(kubelet)
+        if pin.override is Override.DRA:
+            if choice is NodeApi.DRA:
+                return choice, f"{pin.said}, and {why}"
+            log.warning("node %s: %s asks for DRA, but the node stays on the device plugin: "
+                        "%s", self.settings.node_name, pin.said, why)
+            return choice, f"{pin.said} asks for DRA, but {why}"
+        if self._decided_pin is not None and pin.override is not self._decided_pin.override:
+            return choice, f"{pin.said} (auto); {why}"
+        return choice, why
 
     async def _decide(self, kubelet: FileIdentity) -> tuple[NodeApi, str]:
         driver = self.driver

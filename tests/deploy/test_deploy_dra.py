@@ -58,15 +58,16 @@ MINIMUM_RULES = {
     (RESOURCE_GROUP, "resourceclaims/status"): {"patch"},
     (RESOURCE_GROUP, "resourceclaims/driver"): {"associated-node:patch"},
     (RESOURCE_GROUP, "deviceclasses"): {"get", "list", "watch"},
-    ("", "nodes"): {"get"},
+    ("", "nodes"): {"get", "list", "watch"},
     ("events.k8s.io", "events"): {"create", "patch"},
 }
 """(API group, resource) to verbs: what the DRA example driver asks for (its chart's
 ``templates/clusterrole.yaml``: the claim status write and, for Kubernetes 1.36's granular
 authorization, the ``associated-node`` verb on ``resourceclaims/driver`` for the driver's name
 only), with only the verbs this driver uses (a server-side apply is a PATCH, never an update),
-plus reading DeviceClasses for ACCELERATOR_DP_API=auto and writing the Node's Events (on by
-default with DRA)."""
+plus reading DeviceClasses for ACCELERATOR_DP_API=auto, writing the Node's Events (on by
+default with DRA), and listing and watching Nodes for the per-node label
+accelerator.b-com.com/api (the pod watches its own Node by name)."""
 NAMED = {(RESOURCE_GROUP, "resourceclaims/driver"): [DRIVER]}
 """The rules that must name their objects (resourceNames), and the names."""
 

@@ -148,6 +148,26 @@ class ApiServer:
         found = await self._call(self._client.get(NODES, node))
         return str(found.metadata.uid)
 
+    async def get_node(self, node: str) -> dict[str, Any]:
+        return _plain(await self._call(self._client.get(NODES, node)))
+
+    async def list_node(self, node: str) -> tuple[dict[str, Any] | None, str]:
+        """This node's Node object (None when there is none) and the list's resourceVersion,
+        to watch from: a list and watch narrowed to one name, as client-go's reflector does
+        for a single object (``fieldSelector=metadata.name=<node>``)."""
+        listing = self._client.list(NODES, fields={"metadata.name": node})
+        items = [_plain(o) async for o in _guard(listing, lambda: None)]
+        return (items[0] if items else None), str(listing.resourceVersion)
+
+    async def watch_node(self, node: str, resource_version: str,
+                         ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """Changes to this node's Node object after ``resource_version`` (see
+        :meth:`watch_slices` for how the stream ends)."""
+        events = self._client.watch(NODES, fields={"metadata.name": node},
+                                    resource_version=resource_version)
+        async for kind, obj in _guard(events, lambda: None):
+            yield kind, _plain(obj)
+
     async def list_slices(self, selector: dict[str, str]) -> tuple[list[dict[str, Any]], str]:
         """The slices the field ``selector`` picks, and the list's resourceVersion."""
 

@@ -184,16 +184,21 @@ class DraDriver:
         assert self.service is not None, "serve_kubelet first"
         return await self.service.verdict_of(instance, timeout)
 
+    def api(self) -> ApiServer:
+        """The driver's API client, made at first use (:class:`ApiRefused` when its
+        configuration cannot be read); the node's label watch shares it."""
+        if self._api is None:
+            self._api = ApiServer.connect(self.place.kubeconfig, self.place.request_timeout)
+        return self._api
+
     async def api_allows(self, resource_names: Iterable[str]) -> str | None:
         """Why the API server does not let this node be served through DRA, or None: it
         must serve a resource.k8s.io version the driver speaks, and a DeviceClass must map
         each resource name (otherwise pods asking for it by name would find nothing)."""
         try:
-            if self._api is None:
-                self._api = ApiServer.connect(self.place.kubeconfig,
-                                              self.place.request_timeout)
-            version = await self._api.resource_version()
-            mapped = extended_resource_names(await self._api.device_classes())
+            api = self.api()
+            version = await api.resource_version()
+            mapped = extended_resource_names(await api.device_classes())
         except ApiFailure as failure:
             return f"the API server cannot tell ({failure})"
         missing = sorted(set(resource_names) - set(mapped))
