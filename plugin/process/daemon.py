@@ -92,7 +92,8 @@ class Daemon:
             self.node_events = NodeEvents.for_settings(self.settings)
         self.dra_side = DraSide(self.settings, self._cdi, self._stop.is_set,
                                 self._withdraw_all, self._publish_again,
-                                moved=self.node_events.api_moved if self.node_events else None) \
+                                moved=self.node_events.api_moved if self.node_events else None,
+                                held=self.node_events.held if self.node_events else None) \
             if dra and self._cdi is not None else None
 
     @property

@@ -68,9 +68,12 @@ class DraSide:
     def __init__(self, settings: Settings, cdi: SpecWriter, stopping: Callable[[], bool],
                  withdraw_device_plugin: Callable[[], Awaitable[None]],
                  republish: Callable[[], Awaitable[None]],
-                 moved: Callable[[str, str, str], None] | None = None) -> None:
+                 moved: Callable[[str, str, str], None] | None = None,
+                 held: Callable[[str], None] | None = None) -> None:
         self.settings = settings
         self._moved = moved
+        self._held = held
+        """Told (once per move) which devices the other API still holds, and by whom."""
         """Told (now, before, why) when ``auto`` moves the node from one API to the other."""
         self._cdi = cdi
         self._stopping = stopping
@@ -119,8 +122,10 @@ class DraSide:
             cdi_dir=settings.cdi_spec_dir, kubeconfig=settings.kubeconfig,
             request_timeout=settings.api_request_timeout,
             chosen_per_kubelet=settings.api == "auto",
-            kubelet_socket=settings.device_plugin_dir / KUBELET_SOCKET)
-        self.driver = DraDriver(place, feed, self.cdi_ids)
+            kubelet_socket=settings.device_plugin_dir / KUBELET_SOCKET,
+            pod_resources_socket=settings.pod_resources_socket)
+        self.driver = DraDriver(place, feed, self.cdi_ids, resources=lambda: self._resources,
+                                say_held=self._held)
         if settings.api == "dra":
             self._task = asyncio.create_task(
                 supervise("DRA driver", self.driver.run, finished=self._stopping),

@@ -67,6 +67,11 @@ class _Prometheus:
             "dra_slice_publications", "Times the node's pool was written to the API server "
             "(a new pool generation).", ["driver"], namespace=NAMESPACE,
         )
+        self.devices_held = prom.Gauge(
+            "devices_held_by_other_api", "Devices not offered through the API the node is "
+            "served through now because running containers still hold them through the "
+            "other one (api: the API holding them).", ["api"], namespace=NAMESPACE,
+        )
         build_info = prom.Gauge(
             "build_info", "Always 1; the labels say which build runs: its version and the "
             "Python it runs on.", ["version", "python"], namespace=NAMESPACE,
@@ -167,3 +172,10 @@ def dra_slices_published(driver: str) -> None:
     """A new pool generation was written."""
     if _active is not None:
         _active.dra_slice_publications.labels(driver).inc()
+
+
+def devices_held(api: str, count: int) -> None:
+    """How many devices containers still hold through ``api`` (``device-plugin`` or ``dra``)
+    while the node serves through the other one."""
+    if _active is not None:
+        _active.devices_held.labels(api).set(count)

@@ -83,7 +83,8 @@ class ClaimPreparer:
                  cdi_ids: Callable[[str], list[str]], checkpoint: ClaimCheckpoint, *,
                  claim_specs: ClaimSpecs | None = None,
                  concurrency: int = DEFAULT_CONCURRENCY,
-                 read_timeout: float = DEFAULT_READ_TIMEOUT) -> None:
+                 read_timeout: float = DEFAULT_READ_TIMEOUT,
+                 held: Callable[[], Mapping[str, str]] = dict) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, not {concurrency}")
         self.driver = driver
@@ -95,6 +96,9 @@ class ClaimPreparer:
         self._read_claim = read_claim
         self._cdi_ids = cdi_ids
         self._reads = asyncio.Semaphore(concurrency)
+        self._held = held
+        """Device ID -> who still holds it through the device plugin (after a move to DRA):
+        such a device is prepared for no claim until released."""
 
     # -- prepare ---------------------------------------------------------------------------
 
@@ -219,6 +223,13 @@ class ClaimPreparer:
             problems.append(f"devices pool {self.pool_name} does not have: {name_some(unknown)}")
         if problems:
             raise Refused(f"claim {describe(ref)} is allocated {'; '.join(problems)}")
+        held = self._held()
+        busy = [f"{r.device} ({held[names[r.device]]})" for r in results
+                if names[r.device] in held]
+        if busy:
+            raise Refused(f"claim {describe(ref)} is allocated devices still in use through "
+                          f"the device plugin: {name_some(busy)}; the kubelet will call again "
+                          "once they are released")
         devices = []
         for result in results:
             device_id = names[result.device]
