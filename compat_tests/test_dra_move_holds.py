@@ -70,7 +70,7 @@ class HoldingNode(Node):
 @contextlib.asynccontextmanager
 async def holding_node(cluster: tuple[ApiServerEmulator, Path], sockdir: Path, logdir: Path,
                        tmp_path: Path, *, serve_socket: bool = True, hang: bool = False,
-                       extra: tuple[str, ...] = ()
+                       extra: tuple[str, ...] = (), model: str = "1.33"
                        ) -> AsyncIterator[tuple[HoldingNode, PluginProcess]]:
     api, registry = cluster
     api.create_device_class(DRIVER, driver=DRIVER, extended_resource_name=RESOURCE)
@@ -78,7 +78,7 @@ async def holding_node(cluster: tuple[ApiServerEmulator, Path], sockdir: Path, l
     node = HoldingNode(sockdir, registry, api,
                        pod_resources=socket_path if serve_socket else None, hang=hang)
     fake = fake_node(tmp_path)
-    await node.boot("1.33")
+    await node.boot(model)
     plugin = start_plugin(sockdir, logdir, registry, fake,
                           api.write_kubeconfig(tmp_path / "kc"), tmp_path,
                           "--pod-resources-socket", str(socket_path), *extra)
@@ -91,9 +91,11 @@ async def holding_node(cluster: tuple[ApiServerEmulator, Path], sockdir: Path, l
 
 
 async def prepare(api: ApiServerEmulator, kubelet: KubeletEmulator, name: str,
-                  device: str) -> tuple[bool, str | None]:
+                  device: str, pod: str | None = None) -> tuple[bool, str | None]:
+    reserved = [{"resource": "pods", "name": pod, "uid": f"uid-{pod}"}] if pod else []
     claim = api.create_allocated_claim("default", name, driver=DRIVER, pool=NODE,
-                                       devices=[device], node_name=NODE)
+                                       devices=[device], node_name=NODE,
+                                       reserved_for=reserved)
     assert kubelet.dra is not None
     outcome = await kubelet.dra.prepare([ClaimRef("default", name, claim["metadata"]["uid"],
                                                   (DRIVER,))])
@@ -177,3 +179,33 @@ async def test_an_unreadable_pod_resources_socket_keeps_todays_behaviour(
     assert expected in warned[0]["message"], warned[0]
     assert not [e for e in plugin.entries() if e.get("message", "").startswith("node moved:")]
 
+
+
+async def test_a_device_of_a_prepared_claim_stays_unhealthy_to_the_device_plugin_until_released(
+        cluster, sockdir, logdir, tmp_path):
+    """The reverse move: 1.36 -> 1.33 with a claim prepared and its pod running. The 1.33
+    kubelet calls no unprepare (DRA off), so the claim holds the port until the API server
+    says it is no longer reserved for a pod (the pod ended and the claim was released)."""
+    api, _ = cluster
+    async with holding_node(cluster, sockdir, logdir, tmp_path, model="1.36") as (node, plugin):
+        kubelet = node.kubelet
+        assert kubelet is not None and kubelet.dra is not None
+        await until(node.dra_offers, "1.36: DRA slices")
+        await kubelet.dra.wait_until(lambda: kubelet.dra.endpoints(DRIVER), SETTLE, "driver")
+        names = sorted(node.slice_devices())
+        held_name = names[0]
+        ok, error = await prepare(api, kubelet, "c", held_name, pod="p")
+        assert ok, error
+        held_id = next(i for i in ("0000:3b:00.0", "0000:3b:00.0-port1")
+                       if device_name(i) == held_name)
+
+        kubelet = await node.boot("1.33")  # the claim's pod keeps running
+        devices = await kubelet.wait_for_devices(
+            RESOURCE, lambda ds: len(ds) == 2 and not ds[held_id].healthy, SETTLE)
+        assert all(d.healthy for i, d in devices.items() if i != held_id), devices
+
+        api.set_claim_status("default", "c", {})  # the pod ended: deallocated
+        await kubelet.wait_for_devices(RESOURCE, timeout=SETTLE)  # every device healthy
+    said = [e.get("message", "") for e in plugin.entries()]
+    moved = [m for m in said if m.startswith("node moved:")]
+    assert len(moved) == 1 and "claim default/c" in moved[0] and held_id in moved[0], moved

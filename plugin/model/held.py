@@ -12,10 +12,11 @@ and a refused prepare can name. No I/O, no wire types.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from api_versions.podresources import Listing
+from plugin.model.devices import DeviceSet, Health
 
 DEVICE_PLUGIN = "device-plugin"
 DRA = "dra"
@@ -91,3 +92,17 @@ def held_through_dra(claims: Iterable[tuple[str, str, Iterable[str]]], listing: 
             found.setdefault(device_id, []).append(
                 f"claim {claim.claim_namespace}/{claim.claim_name}")
     return Held(DRA, found)
+
+
+def held_out(devices: DeviceSet, held: Held) -> DeviceSet:
+    """``devices`` with those in ``held`` Unhealthy (the reason names the holders): what the
+    device plugin advertises while claims prepared through DRA still hold them. The kubelet
+    allocates no Unhealthy device, and takes it again the moment it turns Healthy."""
+    if not held or not any(d.id in held for d in devices):
+        return devices
+    api = "DRA" if held.api == DRA else "the device plugin"
+    return DeviceSet.of(
+        replace(d, health=Health.UNHEALTHY,
+                health_reason=f"held through {api} by {', '.join(held.devices[d.id])}")
+        if d.id in held and d.healthy else d
+        for d in devices)

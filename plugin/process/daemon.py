@@ -26,6 +26,7 @@ from plugin.discovery.backends.base import Backend
 from plugin.discovery.monitor import DeviceMonitor, TriggerSource
 from plugin.model.devices import DeviceSet
 from plugin.model.feed import DeviceFeed
+from plugin.model.held import held_out
 from plugin.model.resources import group_by_resource, socket_name_for
 from plugin.process import metrics
 from plugin.process.dirwatch import Change, DirectoryWatcher
@@ -188,6 +189,8 @@ class Daemon:
             await self.dra_side.publish(node, groups)
             if not self.dra_side.device_plugin_allowed:
                 return
+            groups = {name: held_out(devices, self.dra_side.dra_held)
+                      for name, devices in groups.items()}
         for name, devices in groups.items():
             resource = self.resources.get(name)
             if resource is None:

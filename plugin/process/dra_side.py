@@ -33,8 +33,10 @@ from api_versions.negotiate import KUBELET_SOCKET
 from plugin.cli.config import KUBELET_PLUGINS_DIR, Settings
 from plugin.model.devices import DeviceSet
 from plugin.model.feed import DeviceFeed
+from plugin.model.held import DRA, Held, nothing
 from plugin.process.supervise import supervise
 from plugin.serving.cdi import CdiPolicy, SpecWriter
+from plugin.serving.holds import HoldWatch
 from plugin.serving.routing import FileIdentity, identity
 
 if TYPE_CHECKING:
@@ -88,6 +90,10 @@ class DraSide:
         self._kick = asyncio.Event()
         self._decided = asyncio.Event()
         self._decided_for: object = None
+        self.dra_held: Held = nothing(DRA)
+        """Devices claims prepared through DRA still hold after the node moved back to the
+        device plugin: advertised Unhealthy to the kubelet until released."""
+        self._dra_holds: asyncio.Task[None] | None = None
 
     @property
     def device_plugin_allowed(self) -> bool:
@@ -170,6 +176,7 @@ class DraSide:
         self._kick.set()
 
     async def close(self) -> None:
+        await self._stop_following_claims()
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -226,6 +233,7 @@ class DraSide:
         else:
             log.debug("node %s: still %s: %s", self.settings.node_name, choice.value, why)
         if choice is NodeApi.DRA:
+            await self._stop_following_claims()
             self.choice = choice  # first: no device-plugin server is adopted from now on
             self._decided.set()  # servers waiting at the gate learn they will not serve
             await self._withdraw_device_plugin()
@@ -233,7 +241,38 @@ class DraSide:
             return
         await driver.stop_publishing(withdraw=True)
         await driver.stop_serving_kubelet()
+        if self.choice is NodeApi.DRA:
+            await self._hold_claimed_devices(driver)
         previous, self.choice = self.choice, choice
         self._decided.set()
         if previous is not NodeApi.DEVICE_PLUGIN:
             await self._republish()
+
+    async def _hold_claimed_devices(self, driver: DraDriver) -> None:
+        """Moving back to the device plugin: devices of claims still prepared are held out
+        (Unhealthy to the kubelet) before any device-plugin server serves, then followed
+        until released, each release published at once."""
+        await self._stop_following_claims()
+
+        async def changed(held: Held) -> None:
+            self.dra_held = held
+            if self.device_plugin_allowed:
+                await self._republish()
+
+        watch = HoldWatch(self.settings.pod_resources_socket, DRA, driver.claims_held,
+                          changed, self._held)
+        try:
+            self.dra_held = await watch.first()
+        except Exception:  # a bug here must not keep the node from being served
+            log.exception("cannot tell which devices DRA claims still hold; offering every "
+                          "device")
+            self.dra_held = nothing(DRA)
+        if self.dra_held:
+            self._dra_holds = asyncio.create_task(watch.run(), name="DRA claim holds")
+
+    async def _stop_following_claims(self) -> None:
+        task, self._dra_holds = self._dra_holds, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        self.dra_held = nothing(DRA)

@@ -16,6 +16,7 @@ answer stands until one comes, since releasing on a failure would hand out a dev
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -39,11 +40,12 @@ until now (so a failed read can keep it: a failure never releases a device)."""
 
 
 class HoldWatch:
-    """See the module docstring. ``changed(held)`` is called whenever the set changes
-    (including to empty); ``say(message)`` sends the once-per-move Event."""
+    """See the module docstring. ``changed(held)`` (a function or a coroutine function) is
+    called whenever the set changes in :meth:`run`, including to empty; ``say(message)``
+    sends the once-per-move Event."""
 
     def __init__(self, socket: Path, api: str, compute: Compute,
-                 changed: Callable[[Held], None], say: Callable[[str], None] | None = None, *,
+                 changed: Callable[[Held], object], say: Callable[[str], None] | None = None, *,
                  timeout: float = LIST_TIMEOUT, interval: float = POLL_INTERVAL) -> None:
         self.socket = socket
         self.api = api
@@ -97,4 +99,6 @@ class HoldWatch:
                 log.info("released by their last holder, now offered: %s%s",
                          ", ".join(released),
                          "" if now else "; nothing is held through the other API any more")
-            self._changed(now)
+            result = self._changed(now)
+            if inspect.isawaitable(result):
+                await result

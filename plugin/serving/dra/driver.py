@@ -33,7 +33,13 @@ from api_versions.resource_claims import parse_claim
 from api_versions.resource_slices import slices_for
 from api_versions.watcher import RegistrationOutcome
 from plugin.model.feed import DeviceFeed
-from plugin.model.held import DEVICE_PLUGIN, Held, held_through_device_plugin, nothing
+from plugin.model.held import (
+    DEVICE_PLUGIN,
+    Held,
+    held_through_device_plugin,
+    held_through_dra,
+    nothing,
+)
 from plugin.process import metrics
 from plugin.serving.dra.apiserver import REQUEST_TIMEOUT, ApiFailure, ApiRefused, ApiServer
 from plugin.serving.dra.checkpoint import ClaimCheckpoint
@@ -75,6 +81,20 @@ class DriverPlace:
     """The kubelet's PodResources socket: devices containers still hold through the device
     plugin are published tainted, and prepared for no claim, until released (None: not
     asked, every device offered)."""
+
+
+async def _claim_in_use(api: ApiServer, ref: ClaimRef) -> bool:
+    """Whether claim ``ref`` (by UID) is still allocated and reserved for a pod."""
+    try:
+        obj = await api.get_claim(ref.namespace, ref.name)
+    except ApiFailure as failure:
+        return failure.status != 404
+    except Exception:  # an answer it cannot read: fail safe, the device stays held
+        return True
+    if ref.uid and obj.get("metadata", {}).get("uid") not in (None, ref.uid):
+        return False
+    status = obj.get("status") or {}
+    return bool(status.get("allocation")) and bool(status.get("reservedFor"))
 
 
 class DraDriver:
@@ -315,6 +335,21 @@ class DraDriver:
         watch = HoldWatch(socket, DEVICE_PLUGIN, compute, self._holds_changed, self._say_held)
         self._holds_changed(await watch.first())
         return watch
+
+    async def claims_held(self, listing: Listing | None, before: Held) -> Held:
+        """Devices of claims this driver prepared whose pods may still run (the node moved
+        back to the device plugin, whose kubelet no longer calls unprepare): a recorded
+        claim holds its devices until the API server says it is gone, replaced, or reserved
+        for no pod; where the server cannot tell, it still holds them. Plus the claims the
+        kubelet's PodResources lists for this driver (1.34+)."""
+        preparer, api = self._preparer, self._api
+        recorded = list(preparer.checkpoint.claims.values()) if preparer is not None else []
+        live = []
+        for claim in recorded:
+            if api is None or await _claim_in_use(api, claim.ref):
+                live.append((claim.ref.namespace, claim.ref.name,
+                             [d.device_id for d in claim.devices if d.pool == self.place.node]))
+        return held_through_dra(live, listing, self.place.driver, self.device_names())
 
     def _holds_changed(self, held: Held) -> None:
         self.held = held
