@@ -90,6 +90,10 @@ async def holding_node(cluster: tuple[ApiServerEmulator, Path], sockdir: Path, l
         plugin.kill()
 
 
+def held_events(api: ApiServerEmulator) -> list[dict]:
+    return [e for e in api.list("events", "default") if e["reason"] == "DevicesHeldAcrossMove"]
+
+
 async def prepare(api: ApiServerEmulator, kubelet: KubeletEmulator, name: str,
                   device: str, pod: str | None = None) -> tuple[bool, str | None]:
     reserved = [{"resource": "pods", "name": pod, "uid": f"uid-{pod}"}] if pod else []
@@ -139,6 +143,8 @@ async def test_a_device_held_through_the_device_plugin_stays_out_of_dra_until_re
         ok, error = await prepare(api, kubelet, "other", free[0])
         assert ok, error
 
+        await until(lambda: held_events(api), "a DevicesHeldAcrossMove Event")
+
         kubelet.end_pod("default", "old")
         released = await until(lambda: not node.slice_devices().get(held, [True]),
                                "the released device offered untainted")
@@ -149,6 +155,10 @@ async def test_a_device_held_through_the_device_plugin_stays_out_of_dra_until_re
     moved = [m for m in said if m.startswith("node moved:")]
     assert len(moved) == 1 and "pod default/old container main" in moved[0], moved
     assert held_id in moved[0]
+    [event] = held_events(api)
+    assert event["type"] == "Warning" and "pod default/old container main" in event["note"]
+    assert event["regarding"]["name"] == NODE
+    assert api.events.refusals == [], "the Event met the 1.36 schema and rules"
     assert [api for api, _ in choices(plugin)] == ["the device plugin", "DRA"]
     print(f"held device offered {released:.3f} s after its pod ended")
 
