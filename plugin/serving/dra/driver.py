@@ -58,6 +58,10 @@ log = logging.getLogger(__name__)
 CHECKPOINT_FILE = "claims.jsonl"
 CONNECT_RETRY_INITIAL = 0.2
 CONNECT_RETRY_MAX = 30.0
+CLAIM_CHECK_TIMEOUT = 2.0
+CLAIM_CHECK_CONCURRENCY = 32
+"""How long the API server may take to say whether a recorded claim still holds its devices
+(the node moving back to the device plugin waits for it): beyond, the claim counts as held."""
 
 
 @dataclass(frozen=True)
@@ -344,11 +348,21 @@ class DraDriver:
         kubelet's PodResources lists for this driver (1.34+)."""
         preparer, api = self._preparer, self._api
         recorded = list(preparer.checkpoint.claims.values()) if preparer is not None else []
-        live = []
-        for claim in recorded:
-            if api is None or await _claim_in_use(api, claim.ref):
-                live.append((claim.ref.namespace, claim.ref.name,
-                             [d.device_id for d in claim.devices if d.pool == self.place.node]))
+        reads = asyncio.Semaphore(CLAIM_CHECK_CONCURRENCY)
+
+        async def in_use(ref: ClaimRef) -> bool:
+            if api is None:
+                return True
+            try:
+                async with asyncio.timeout(CLAIM_CHECK_TIMEOUT), reads:
+                    return await _claim_in_use(api, ref)
+            except TimeoutError:
+                return True  # the server is slow to tell: the claim still holds its devices
+
+        answers = await asyncio.gather(*(in_use(claim.ref) for claim in recorded))
+        live = [(claim.ref.namespace, claim.ref.name,
+                 [d.device_id for d in claim.devices if d.pool == self.place.node])
+                for claim, used in zip(recorded, answers, strict=True) if used]
         return held_through_dra(live, listing, self.place.driver, self.device_names())
 
     def _holds_changed(self, held: Held) -> None:
