@@ -347,7 +347,10 @@ class DraDriver:
         for no pod; where the server cannot tell, it still holds them. Plus the claims the
         kubelet's PodResources lists for this driver (1.34+)."""
         preparer, api = self._preparer, self._api
-        recorded = list(preparer.checkpoint.claims.values()) if preparer is not None else []
+        # Only a record this instance owns and read already: reading it here would cache it
+        # in an instance that does not hold the socket (a rolling update's newcomer).
+        owned = preparer is not None and preparer.checkpoint.held() is not None
+        recorded = list(preparer.checkpoint.claims.values()) if owned and preparer else []
         reads = asyncio.Semaphore(CLAIM_CHECK_CONCURRENCY)
 
         async def in_use(ref: ClaimRef) -> bool:
