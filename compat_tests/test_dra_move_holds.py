@@ -197,7 +197,10 @@ async def test_a_device_of_a_prepared_claim_stays_unhealthy_to_the_device_plugin
     kubelet calls no unprepare (DRA off), so the claim holds the port until the API server
     says it is no longer reserved for a pod (the pod ended and the claim was released)."""
     api, _ = cluster
-    async with holding_node(cluster, sockdir, logdir, tmp_path, model="1.36") as (node, plugin):
+    async with holding_node(cluster, sockdir, logdir, tmp_path, model="1.36", extra=(
+            "--metrics-port", str(Scraper.free_port()),
+            "--metrics-address", "127.0.0.1")) as (node, plugin):
+        metrics = await Scraper.of(plugin)
         kubelet = node.kubelet
         assert kubelet is not None and kubelet.dra is not None
         await until(node.dra_offers, "1.36: DRA slices")
@@ -213,9 +216,15 @@ async def test_a_device_of_a_prepared_claim_stays_unhealthy_to_the_device_plugin
         devices = await kubelet.wait_for_devices(
             RESOURCE, lambda ds: len(ds) == 2 and not ds[held_id].healthy, SETTLE)
         assert all(d.healthy for i, d in devices.items() if i != held_id), devices
+        await metrics.until("one device held through DRA",
+                            **{"devices_held_by_other_api__api=dra": 1})
+        await until(lambda: held_events(api), "a DevicesHeldAcrossMove Event")
 
         api.set_claim_status("default", "c", {})  # the pod ended: deallocated
         await kubelet.wait_for_devices(RESOURCE, timeout=SETTLE)  # every device healthy
+        await metrics.until("nothing held", **{"devices_held_by_other_api__api=dra": 0})
     said = [e.get("message", "") for e in plugin.entries()]
     moved = [m for m in said if m.startswith("node moved:")]
     assert len(moved) == 1 and "claim default/c" in moved[0] and held_id in moved[0], moved
+    [event] = held_events(api)
+    assert "held through DRA claims by claim default/c" in event["note"], event
