@@ -228,3 +228,31 @@ async def test_a_device_of_a_prepared_claim_stays_unhealthy_to_the_device_plugin
     assert len(moved) == 1 and "claim default/c" in moved[0] and held_id in moved[0], moved
     [event] = held_events(api)
     assert "held through DRA claims by claim default/c" in event["note"], event
+
+
+async def test_a_plugin_started_after_the_move_back_still_holds_the_claimed_device(
+        cluster, sockdir, logdir, tmp_path):
+    """The plugin pod is replaced while the node goes back to 1.33 (a rollout during the
+    downgrade): the new process finds the claim the old one prepared in the record."""
+    api, registry = cluster
+    async with holding_node(cluster, sockdir, logdir, tmp_path, model="1.36") as (node, first):
+        kubelet = node.kubelet
+        assert kubelet is not None and kubelet.dra is not None
+        await until(node.dra_offers, "1.36: DRA slices")
+        await kubelet.dra.wait_until(lambda: kubelet.dra.endpoints(DRIVER), SETTLE, "driver")
+        ok, error = await prepare(api, kubelet, "c", "pci-0000-3b-00-0", pod="p")
+        assert ok, error
+        first.kill()
+        kubelet = await node.boot("1.33")
+        (tmp_path / "second").mkdir()
+        second = start_plugin(sockdir, tmp_path / "second", registry, fake_node(tmp_path / "n2"),
+                              api.write_kubeconfig(tmp_path / "kc2"), tmp_path,
+                              "--pod-resources-socket", str(sockdir / "pr" / "kubelet.sock"))
+        try:
+            devices = await kubelet.wait_for_devices(
+                RESOURCE, lambda ds: len(ds) == 2 and not ds["0000:3b:00.0"].healthy, SETTLE)
+            assert devices["0000:3b:00.0-port1"].healthy
+            api.set_claim_status("default", "c", {})
+            await kubelet.wait_for_devices(RESOURCE, timeout=SETTLE)
+        finally:
+            second.kill()

@@ -239,9 +239,12 @@ class DraSide:
             await self._withdraw_device_plugin()
             driver.start_publishing()
             return
+        # A plugin started on a node that left DRA under an older instance finds the claims
+        # that one prepared in the record: read now, while this instance holds the socket.
+        recorded = driver.read_record_if_owned()
         await driver.stop_publishing(withdraw=True)
         await driver.stop_serving_kubelet()
-        if self.choice is NodeApi.DRA:
+        if self.choice is NodeApi.DRA or (self.choice is None and recorded):
             await self._hold_claimed_devices(driver)
         previous, self.choice = self.choice, choice
         self._decided.set()

@@ -340,6 +340,15 @@ class DraDriver:
         self._holds_changed(await watch.first())
         return watch
 
+    def read_record_if_owned(self) -> int:
+        """Read the claim record if this instance holds the DRA socket (the kubelet answered
+        through it), as publishing does; how many claims it records (0 when not read)."""
+        preparer, service = self._preparer, self.service
+        if preparer is None or service is None or not service.serving:
+            return 0
+        preparer.checkpoint.load()
+        return len(preparer.checkpoint)
+
     async def claims_held(self, listing: Listing | None, before: Held) -> Held:
         """Devices of claims this driver prepared whose pods may still run (the node moved
         back to the device plugin, whose kubelet no longer calls unprepare): a recorded
