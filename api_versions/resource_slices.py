@@ -40,6 +40,9 @@ KIND = "ResourceSlice"
 MAX_DEVICES = 128
 MAX_DEVICES_WITH_TAINTS = 64
 UNHEALTHY_TAINT = "unhealthy"
+IN_USE_TAINT = "in-use"
+"""Key (in the driver's domain) of the taint a device carries while a container still holds
+it through the device plugin after the node moved to DRA; its value names that API."""
 TAINT_EFFECT = "NoSchedule"
 MAX_GENERATED_BASE = 58
 """The API server cuts a ``generateName`` to 58 characters before adding its 5 random ones
@@ -76,18 +79,19 @@ def slices_for(version: str, pool: Pool, generation: int, node_uid: str, taints:
                *, names: Sequence[str] = ()) -> list[Obj]:
     """Every ResourceSlice of ``pool`` at ``generation``, as ``version`` spells them.
 
-    ``taints``: the server keeps device taints; unhealthy devices are then published tainted,
-    otherwise left out. ``node_uid`` is the Node's UID for the owner reference. ``names``
-    gives the slices that already exist their names (first slice first) so they can be
-    updated in place; slices beyond them get ``generateName``. Raises ValueError for an
-    unknown version, a negative generation or an empty UID.
+    ``taints``: the server keeps device taints; unhealthy devices, and devices still held
+    through the device plugin, are then published tainted, otherwise left out. ``node_uid``
+    is the Node's UID for the owner reference. ``names`` gives the slices that already exist
+    their names (first slice first) so they can be updated in place; slices beyond them get
+    ``generateName``. Raises ValueError for an unknown version, a negative generation or an
+    empty UID.
     """
     check_known(version)
     if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
         raise ValueError(f"pool generation must be an integer >= 0, got {generation!r}")
     if not node_uid:
         raise ValueError(f"node {pool.node_name!r}: the owner reference needs the Node's UID")
-    listed = [d for d in pool.devices if d.healthy or taints]
+    listed = [d for d in pool.devices if (d.healthy and not d.held_by) or taints]
     limit = devices_per_slice(taints)
     chunks = [listed[i:i + limit] for i in range(0, len(listed), limit)] or [[]]
     return [_slice(version, pool, generation, node_uid, chunk, len(chunks),
@@ -132,11 +136,20 @@ def device_shape(version: str, device: DraDevice, driver: str) -> Obj:
     if device.capacity:
         fields["capacity"] = {name: {"value": quantity}
                               for name, quantity in device.capacity.items()}
+    taints: list[Obj] = []
     if not device.healthy:
         taint: Obj = {"key": taint_key(driver), "effect": TAINT_EFFECT}
         if device.health_code:
             taint["value"] = device.health_code
-        fields["taints"] = [taint]
+        taints.append(taint)
+    if device.held_by:
+        # Still in use through the other API: visible, with why, but allocated to nobody
+        # (the scheduler skips NoSchedule-tainted devices for claims without a toleration,
+        # and prepare refuses it to one with).
+        taints.append({"key": f"{driver}/{IN_USE_TAINT}", "value": device.held_by,
+                       "effect": TAINT_EFFECT})
+    if taints:
+        fields["taints"] = taints
     if version in WRAPPED_VERSIONS:
         return {"name": device.name, "basic": fields}
     return {"name": device.name, **fields}

@@ -7,6 +7,11 @@ that maps ``b-com.com/accelerator`` (KEP-5004), emulated kubelets, and the real 
 under the running plugin: the node is served through DRA, the request arrives as a claim, and
 the container gets the same variables through CDI. Downgraded back to 1.33, the device plugin
 serves it again. Nothing is restarted but the kubelet.
+
+Containers outlive a kubelet upgrade: the pod that got a port through the device plugin keeps
+running on 1.36, the kubelet's PodResources API lists it, and that port is published tainted
+(``<driver>/in-use``) until the pod ends, then offered within a second. The way back is the
+same: a claim still prepared keeps its port Unhealthy to the 1.33 device plugin until released.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from plugin.cli.config import Settings
 from plugin.discovery.backends import make_backend
 from plugin.process.daemon import Daemon
 from plugin.serving.deviceplugin.server import Timing
+from plugin.serving.dra.inventory import device_name
 
 NODE = "fpga-node-1"
 DRIVER = "accelerator.b-com.com"
@@ -70,12 +76,14 @@ async def _story(root: Path) -> None:
             api="auto", node_name=NODE, kubeconfig=api.write_kubeconfig(root / "kubeconfig"),
             plugins_registry_dir=registry, dra_state_dir=root / "state",
             cdi_spec_dir=root / "cdi", watcher_wait=2.0,
+            pod_resources_socket=root / "pod-resources" / "kubelet.sock",
             retry=RetryPolicy(attempts=3, max_backoff=0.2, register_timeout=5.0))
 
         async def boot(model: str) -> KubeletEmulator:
             kubelet = KubeletEmulator(settings.device_plugin_dir, model,
                                       plugins_registry=registry, reconcile_period=0.1,
-                                      dra=config)
+                                      dra=config,
+                                      pod_resources_socket=settings.pod_resources_socket)
             await kubelet.start()
             return kubelet
 
@@ -84,10 +92,10 @@ async def _story(root: Path) -> None:
         daemon = Daemon(settings, make_backend("intel", node.config()),
                         timing=Timing(round_backoff_initial=0.2))
         serving = asyncio.create_task(daemon.run())
-        await kubelet.wait_for_devices(RESOURCE, timeout=15)
-        await _device_plugin_pod(kubelet)
+        ids = sorted(await kubelet.wait_for_devices(RESOURCE, timeout=15))
+        legacy = await _device_plugin_pod(kubelet, "legacy-pod")
 
-        section("The node is upgraded to 1.36 under the running plugin")
+        section("The node is upgraded to 1.36 under the running plugin; legacy-pod keeps running")
         await kubelet.stop()
         began = time.perf_counter()
         kubelet = await boot("1.36")
@@ -100,16 +108,34 @@ async def _story(root: Path) -> None:
         attributes = ", ".join(f"{k}={next(iter(v.values()))}"
                                for k, v in sorted(device["attributes"].items())[:5])
         say(f"  device {device['name']}: {attributes}, ...")
-        await _dra_pod(api, kubelet, root / "cdi")
+        held = device_name(legacy)
+        await _until(lambda: _taints(api).get(held), timeout=15)
+        say(f"  device {held} ({legacy}), still used by default/legacy-pod through the device "
+            f"plugin: taint {_taints(api)[held]}")
+        claim = await _dra_pod(api, kubelet, root / "cdi", ids)
+        kubelet.end_pod("default", "legacy-pod")
+        began = time.perf_counter()
+        await _until(lambda: held in _taints(api) and not _taints(api)[held], timeout=15)
+        say(f"  legacy-pod ends: {held} is offered through DRA "
+            f"{(time.perf_counter() - began) * 1000:.0f} ms later, untainted")
 
-        section("The node is downgraded back to 1.33")
+        section("The node is downgraded back to 1.33; the DRA pod keeps running")
         await kubelet.stop()
         kubelet = await boot("1.33")
-        await kubelet.wait_for_devices(RESOURCE, timeout=15)
+        claimed = claim[1]
+        await kubelet.wait_for_devices(
+            RESOURCE, lambda ds: claimed in ds and not ds[claimed].healthy, timeout=15)
         await _until(lambda: not _slices(api), timeout=15)
         say("  the slices are withdrawn; the device plugin serves the node again")
-        await _device_plugin_pod(kubelet)
-        await _until(lambda: len(api.list("events", "default")) >= 2, timeout=15)
+        say(f"  {claimed}, still prepared for claim default/{claim[0]}: Unhealthy to the "
+            "kubelet, so no device-plugin pod gets it")
+        await _device_plugin_pod(kubelet, "new-pod")
+        api.set_claim_status("default", claim[0], {})  # its pod ended: the claim released
+        began = time.perf_counter()
+        await kubelet.wait_for_devices(RESOURCE, timeout=15)
+        say(f"  the DRA pod ends and its claim is released: {claimed} Healthy "
+            f"{(time.perf_counter() - began) * 1000:.0f} ms later")
+        await _until(lambda: len(api.list("events", "default")) >= 4, timeout=15)
         say(f"  kubectl describe node {NODE}, Events:")
         for event in api.list("events", "default"):
             note = event["note"] if len(event["note"]) <= 110 else event["note"][:109] + "…"
@@ -127,19 +153,31 @@ def _slices(api: ApiServerEmulator) -> list[dict]:
     return [s for s in api.list("resourceslices") if s["spec"]["nodeName"] == NODE]
 
 
-async def _device_plugin_pod(kubelet: KubeletEmulator) -> None:
-    chosen = sorted(kubelet.devices(RESOURCE))[:1]
-    granted = await kubelet.allocate(RESOURCE, chosen)
-    say(f"  a pod asks for {RESOURCE}: 1 -> Allocate through {kubelet.generation}: "
+def _taints(api: ApiServerEmulator) -> dict[str, str]:
+    """Device name -> its taints as kubectl would show them ("" when none)."""
+    return {d["name"]: ", ".join(f"{t['key']}={t.get('value', '')}:{t['effect']}"
+                                 for t in d.get("taints", []))
+            for s in _slices(api) for d in s["spec"].get("devices", [])}
+
+
+async def _device_plugin_pod(kubelet: KubeletEmulator, pod: str) -> str:
+    chosen = sorted(i for i, d in kubelet.devices(RESOURCE).items() if d.healthy)[:1]
+    granted = await kubelet.run_pod("default", pod, "main", RESOURCE, chosen)
+    say(f"  pod {pod} asks for {RESOURCE}: 1 -> Allocate through {kubelet.generation}: "
         f"ACCELERATOR_UNITS={granted.envs['ACCELERATOR_UNITS']}")
+    return chosen[0]
 
 
-async def _dra_pod(api: ApiServerEmulator, kubelet: KubeletEmulator, cdi: Path) -> None:
+async def _dra_pod(api: ApiServerEmulator, kubelet: KubeletEmulator, cdi: Path,
+                   device_ids: list[str]) -> tuple[str, str]:
+    """A claim prepared on a free device for a pod that keeps running: (claim, device ID)."""
     assert kubelet.dra is not None
     await kubelet.dra.wait_until(lambda: kubelet.dra.endpoints(DRIVER), 15.0, "registered")
-    device = _slices(api)[0]["spec"]["devices"][0]["name"]
+    device = next(name for name, taints in sorted(_taints(api).items()) if not taints)
     claim = api.create_allocated_claim("default", "pod-accelerators", driver=DRIVER, pool=NODE,
-                                       devices=[device], node_name=NODE)
+                                       devices=[device], node_name=NODE, reserved_for=[
+                                           {"resource": "pods", "name": "dra-pod",
+                                            "uid": "dra-pod-uid"}])
     say(f"  the same pod request ({RESOURCE}: 1) -> the scheduler's claim "
         f"default/pod-accelerators, allocated {NODE}/{device}")
     ref = ClaimRef("default", "pod-accelerators", claim["metadata"]["uid"], (DRIVER,))
@@ -155,4 +193,5 @@ async def _dra_pod(api: ApiServerEmulator, kubelet: KubeletEmulator, cdi: Path) 
                     say(f"  the container gets {env}")
                 for dev in edits.get("deviceNodes", []):
                     say(f"  the container gets device node {dev['path']}")
-    await kubelet.dra.unprepare([ref])
+    return "pod-accelerators", next(i for i in device_ids if device_name(i) == device)
+

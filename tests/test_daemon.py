@@ -172,6 +172,13 @@ def test_migration_demo_moves_one_node_to_dra_and_back() -> None:
     assert "the container gets ACCELERATOR_UNITS=" in out
     assert "the slices are withdrawn" in out and "exit code 0" in out
     assert out.count("Normal  ServingAPIChanged  Devices are served through") == 2
+    # A device still in use through the old API stays out of the new one until released.
+    assert "still used by default/legacy-pod through the device plugin: taint " \
+        "accelerator.b-com.com/in-use=device-plugin:NoSchedule" in out
+    assert "legacy-pod ends: pci-0000-3b-00-0 is offered through DRA" in out
+    assert "still prepared for claim default/pod-accelerators: Unhealthy to the kubelet" in out
+    assert "its claim is released: 0000:3b:00.0-port1 Healthy" in out
+    assert out.count("Warning  DevicesHeldAcrossMove") == 2
 
 
 async def test_failures_without_kernel_events_are_seen_through_health_files(root, running) -> None:

@@ -273,3 +273,25 @@ def test_dropped_taints_reads_each_versions_layout() -> None:
         for device in bare["spec"]["devices"]:
             fields(version, device).pop("taints", None)
         assert dropped_taints(version, sent, bare)
+
+
+@pytest.mark.parametrize(("version", "model"), WITH_TAINTS)
+def test_a_device_held_through_the_device_plugin_is_tainted_in_use(version: str,
+                                                                   model: str) -> None:
+    """Held and unhealthy at once: both taints, and the schema of every release that knows
+    taints accepts them; without taints the held device is left out."""
+    devices = DeviceSet.of([
+        Device(id="0", backend="units"), Device(id="1", backend="units"),
+        Device(id="2", backend="units", health=Health.UNHEALTHY,
+               health_reason="AFU ID is all f: firmware crashed")])
+    pool = pool_of(DRIVER, NODE, devices, held={"1": "device-plugin", "2": "device-plugin"})
+    [obj] = slices_for(version, pool, 0, UID, taints=True)
+    assert validate(obj, model=model, schema_required=True,
+                    feature_gates={"DRADeviceTaints": True}) == []
+    taints = {d["name"]: fields(version, d).get("taints") for d in obj["spec"]["devices"]}
+    in_use = {"key": "fpga.b-com.com/in-use", "value": "device-plugin", "effect": "NoSchedule"}
+    assert taints["unit-0"] is None and taints["unit-1"] == [in_use]
+    assert [t["key"] for t in taints["unit-2"]] == ["fpga.b-com.com/unhealthy",
+                                                    "fpga.b-com.com/in-use"]
+    [bare] = slices_for(version, pool, 0, UID, taints=False)
+    assert names_in([bare]) == ["unit-0"]

@@ -54,6 +54,9 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--apiserver", default=None, metavar="URL",
                         help="API server to wipe the node's ResourceSlices on (DELETE "
                              "/apis/resource.k8s.io/v1/resourceslices); retried while down")
+    parser.add_argument("--pod-resources", type=Path, default=None, metavar="SOCKET",
+                        help="serve the PodResources API (1.20+) on this socket, listing the "
+                             "containers recorded in --dir's kubelet_internal_checkpoint")
     parser.add_argument("--log-level", default="info",
                         choices=("debug", "info", "warning", "error"))
     return parser.parse_args(argv)
@@ -68,7 +71,7 @@ async def run(args: argparse.Namespace) -> None:
         args.dir, args.model, accept_no_version=args.accept_no_version,
         hang_register=args.hang_register, dial_timeout=args.dial_timeout,
         plugins_registry=args.plugins_registry, reconcile_period=args.reconcile_period,
-        dra=dra_config(args),
+        dra=dra_config(args), pod_resources_socket=args.pod_resources,
     )
     async with emulator:
         log.info("emulated kubelet %s (%s%s) ready; Ctrl-C to stop", args.model,

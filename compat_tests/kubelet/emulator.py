@@ -28,12 +28,19 @@ from compat_tests.kubelet import translate
 from compat_tests.kubelet.dra import DRA_PLUGIN_TYPE, DraConfig, DraManager, dra_gate
 from compat_tests.kubelet.endpoint import PluginEndpoint, go_status
 from compat_tests.kubelet.models import DEFAULT_MODEL, OptionsSource, StreamEnd, load_model
+from compat_tests.kubelet.podresources import (
+    NodePods,
+    PodClaimDevice,
+    PodContainer,
+    PodResourcesServer,
+)
 from compat_tests.kubelet.registration import RegistrationRefused, RegistrationService
 from compat_tests.kubelet.results import (
     UNHEALTHY,
     ContainerAllocation,
     EmulatedDevice,
     FeatureUnavailable,
+    KubeletError,
     NotRegistered,
     PluginCallError,
     RegistrationRecord,
@@ -96,8 +103,17 @@ class KubeletEmulator:
         reconcile_period: float = 1.0,
         refuse_watcher: Callable[[str], str | None] | None = None,
         dra: DraConfig | None = None,
+        pod_resources_socket: Path | None = None,
+        hang_pod_resources: bool = False,
     ) -> None:
         self.directory = Path(directory)
+        self.pod_resources_socket = Path(pod_resources_socket) if pod_resources_socket else None
+        """Where the PodResources API is served (1.20+); None: not served."""
+        self.hang_pod_resources = hang_pod_resources
+        self.pods = NodePods(self.directory)
+        """The containers running on the node: they outlive this kubelet (an upgrade in
+        place), so the next kubelet on the same directory reports them too."""
+        self.pod_resources: PodResourcesServer | None = None
         self.plugins_registry = Path(plugins_registry) if plugins_registry else None
         """The plugin watcher's directory; None: a node without one (or a kubelet before
         1.13, which does not watch it)."""
@@ -183,6 +199,14 @@ class KubeletEmulator:
             self.dra = DraManager(self.model.name, self.dra_config)
             await self.dra.start()
             handlers[DRA_PLUGIN_TYPE] = self.dra
+        if self.pod_resources_socket is not None and \
+                PodResourcesServer.served_by(self.model.minor):
+            self.pod_resources = PodResourcesServer(
+                self.model.minor, self.pod_resources_socket, self.pods,
+                dra_enabled=self.dra_enabled, hang=self.hang_pod_resources,
+                allocatable=lambda: {name: sorted(i for i, d in devices.items() if d.healthy)
+                                     for name, devices in self._devices.items()})
+            await self.pod_resources.start()
         if self.plugins_registry is not None and self.model.watches_plugins_registry:
             self.plugins_registry.mkdir(parents=True, exist_ok=True)
             self.watcher = PluginWatcher(self, self.plugins_registry, self.reconcile_period,
@@ -228,6 +252,9 @@ class KubeletEmulator:
         dra, self.dra = self.dra, None
         if dra is not None:
             await dra.stop()
+        pod_resources, self.pod_resources = self.pod_resources, None
+        if pod_resources is not None:
+            await pod_resources.stop()
         self._notify()
         return server is not None
 
@@ -457,6 +484,31 @@ class KubeletEmulator:
         does not own. Raises PluginCallError (gRPC code and message) if the plugin refuses.
         """
         return await self._endpoint(resource_name).allocate(list(device_ids))
+
+    async def run_pod(self, namespace: str, pod: str, container: str, resource_name: str,
+                      device_ids: list[str]) -> ContainerAllocation:
+        """Admit a pod whose container gets ``device_ids`` through the device plugin: refused
+        (KubeletError) for a device another running container holds, as the device manager
+        never hands one out twice; Allocate; then the container runs until :meth:`end_pod`,
+        reported by PodResources, across kubelet restarts."""
+        taken = self.pods.devices_in_use(resource_name) & set(device_ids)
+        if taken:
+            raise KubeletError(f"devices {sorted(taken)} of {resource_name} are in use")
+        allocation = await self.allocate(resource_name, device_ids)
+        self.pods.add(PodContainer(namespace, pod, container, {resource_name: list(device_ids)}))
+        self._notify()
+        return allocation
+
+    def run_pod_with_claims(self, namespace: str, pod: str, container: str,
+                            claims: list[PodClaimDevice]) -> None:
+        """A container using prepared DRA claims (prepare them through ``dra`` first)."""
+        self.pods.add(PodContainer(namespace, pod, container, claims=list(claims)))
+        self._notify()
+
+    def end_pod(self, namespace: str, pod: str) -> None:
+        """The pod's containers ended: its devices are free again."""
+        self.pods.end(namespace, pod)
+        self._notify()
 
     async def preferred_allocation(
         self, resource_name: str, available: list[str], must_include: list[str], size: int

@@ -38,6 +38,7 @@ API_CHOICES = ("device-plugin", "dra", "auto")
 EVENTS_CHOICES = ("auto", "on", "off")
 DEFAULT_DRA_DRIVER = "accelerator.b-com.com"
 KUBELET_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
+DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,9 @@ class Settings:
     dra_driver_name: str = DEFAULT_DRA_DRIVER
     dra_state_dir: Path | None = None
     """None: ``/var/lib/kubelet/plugins/<driver name>``."""
+    pod_resources_socket: Path = DEFAULT_POD_RESOURCES_SOCKET
+    """The kubelet's PodResources socket: which devices running containers hold through
+    the device plugin (and, 1.34+, through DRA claims), so a move never hands them out."""
     kubeconfig: Path | None = None
     api_request_timeout: float = 10.0
     events: str = "auto"
@@ -312,6 +316,10 @@ def _add_serve_flags(parser: OneLineParser) -> None:
     env.add("--dra-state-dir", default=None, convert=Path,
             help="where the DRA driver keeps its claim checkpoint (default "
                  f"{KUBELET_PLUGINS_DIR}/<driver name>)")
+    env.add("--pod-resources-socket", default=DEFAULT_POD_RESOURCES_SOCKET, convert=Path,
+            help="the kubelet's PodResources socket (--api dra|auto): devices running "
+                 "containers still hold through the other API are not offered after a move "
+                 "until released; where it cannot be read, every device is offered")
     env.add("--kubeconfig", default=None, convert=Path,
             help="kubeconfig for the API server (DRA); in a pod, its service account is used")
     env.add("--api-request-timeout", default=10.0, convert=TIMEOUT,

@@ -26,6 +26,7 @@ from plugin.discovery.backends.base import Backend
 from plugin.discovery.monitor import DeviceMonitor, TriggerSource
 from plugin.model.devices import DeviceSet
 from plugin.model.feed import DeviceFeed
+from plugin.model.held import held_out
 from plugin.model.resources import group_by_resource, socket_name_for
 from plugin.process import metrics
 from plugin.process.dirwatch import Change, DirectoryWatcher
@@ -92,7 +93,8 @@ class Daemon:
             self.node_events = NodeEvents.for_settings(self.settings)
         self.dra_side = DraSide(self.settings, self._cdi, self._stop.is_set,
                                 self._withdraw_all, self._publish_again,
-                                moved=self.node_events.api_moved if self.node_events else None) \
+                                moved=self.node_events.api_moved if self.node_events else None,
+                                held=self.node_events.held if self.node_events else None) \
             if dra and self._cdi is not None else None
 
     @property
@@ -187,6 +189,8 @@ class Daemon:
             await self.dra_side.publish(node, groups)
             if not self.dra_side.device_plugin_allowed:
                 return
+            groups = {name: held_out(devices, self.dra_side.dra_held)
+                      for name, devices in groups.items()}
         for name, devices in groups.items():
             resource = self.resources.get(name)
             if resource is None:

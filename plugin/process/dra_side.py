@@ -36,9 +36,11 @@ from api_versions.negotiate import KUBELET_SOCKET
 from plugin.cli.config import KUBELET_PLUGINS_DIR, Settings
 from plugin.model.devices import DeviceSet
 from plugin.model.feed import DeviceFeed
+from plugin.model.held import DRA, Held, nothing
 from plugin.process.api_label import NO_LABEL, LabelReader, Override, Pin
 from plugin.process.supervise import supervise
 from plugin.serving.cdi import CdiPolicy, SpecWriter
+from plugin.serving.holds import HoldWatch
 from plugin.serving.routing import FileIdentity, identity
 
 if TYPE_CHECKING:
@@ -73,9 +75,12 @@ class DraSide:
     def __init__(self, settings: Settings, cdi: SpecWriter, stopping: Callable[[], bool],
                  withdraw_device_plugin: Callable[[], Awaitable[None]],
                  republish: Callable[[], Awaitable[None]],
-                 moved: Callable[[str, str, str], None] | None = None) -> None:
+                 moved: Callable[[str, str, str], None] | None = None,
+                 held: Callable[[str], None] | None = None) -> None:
         self.settings = settings
         self._moved = moved
+        self._held = held
+        """Told (once per move) which devices the other API still holds, and by whom."""
         """Told (now, before, why) when ``auto`` moves the node from one API to the other."""
         self._cdi = cdi
         self._stopping = stopping
@@ -96,6 +101,10 @@ class DraSide:
         self._labels: NodeLabelWatch | None = None
         self._label_task: asyncio.Task[None] | None = None
         self._flag_wins_said: set[str] = set()
+        self.dra_held: Held = nothing(DRA)
+        """Devices claims prepared through DRA still hold after the node moved back to the
+        device plugin: advertised Unhealthy to the kubelet until released."""
+        self._dra_holds: asyncio.Task[None] | None = None
 
     @property
     def device_plugin_allowed(self) -> bool:
@@ -130,8 +139,10 @@ class DraSide:
             cdi_dir=settings.cdi_spec_dir, kubeconfig=settings.kubeconfig,
             request_timeout=settings.api_request_timeout,
             chosen_per_kubelet=settings.api == "auto",
-            kubelet_socket=settings.device_plugin_dir / KUBELET_SOCKET)
-        self.driver = DraDriver(place, feed, self.cdi_ids)
+            kubelet_socket=settings.device_plugin_dir / KUBELET_SOCKET,
+            pod_resources_socket=settings.pod_resources_socket)
+        self.driver = DraDriver(place, feed, self.cdi_ids, resources=lambda: self._resources,
+                                say_held=self._held)
         self._watch_label(settings.node_name)
         if settings.api == "dra":
             self._task = asyncio.create_task(
@@ -210,6 +221,7 @@ class DraSide:
         if label_task is not None:  # first: it uses the driver's client, closed below
             label_task.cancel()
             await asyncio.gather(label_task, return_exceptions=True)
+        await self._stop_following_claims()
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -287,14 +299,49 @@ class DraSide:
         else:
             log.debug("node %s: still %s: %s", self.settings.node_name, choice.value, why)
         if choice is NodeApi.DRA:
+            await self._stop_following_claims()
             self.choice = choice  # first: no device-plugin server is adopted from now on
             self._decided.set()  # servers waiting at the gate learn they will not serve
             await self._withdraw_device_plugin()
             driver.start_publishing()
             return
+        # A plugin started on a node that left DRA under an older instance finds the claims
+        # that one prepared in the record: read now, while this instance holds the socket.
+        recorded = driver.read_record_if_owned()
         await driver.stop_publishing(withdraw=True)
         await driver.stop_serving_kubelet()
+        if self.choice is NodeApi.DRA or (self.choice is None and recorded):
+            await self._hold_claimed_devices(driver)
         previous, self.choice = self.choice, choice
         self._decided.set()
         if previous is not NodeApi.DEVICE_PLUGIN:
             await self._republish()
+
+    async def _hold_claimed_devices(self, driver: DraDriver) -> None:
+        """Moving back to the device plugin: devices of claims still prepared are held out
+        (Unhealthy to the kubelet) before any device-plugin server serves, then followed
+        until released, each release published at once."""
+        await self._stop_following_claims()
+
+        async def changed(held: Held) -> None:
+            self.dra_held = held
+            if self.device_plugin_allowed:
+                await self._republish()
+
+        watch = HoldWatch(self.settings.pod_resources_socket, DRA, driver.claims_held,
+                          changed, self._held)
+        try:
+            self.dra_held = await watch.first()
+        except Exception:  # a bug here must not keep the node from being served
+            log.exception("cannot tell which devices DRA claims still hold; offering every "
+                          "device")
+            self.dra_held = nothing(DRA)
+        if self.dra_held:
+            self._dra_holds = asyncio.create_task(watch.run(), name="DRA claim holds")
+
+    async def _stop_following_claims(self) -> None:
+        task, self._dra_holds = self._dra_holds, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        self.dra_held = nothing(DRA)

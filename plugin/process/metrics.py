@@ -72,6 +72,11 @@ class _Prometheus:
             "result (refused: 401 or 403, error: anything else that failed).",
             ["driver", "result"], namespace=NAMESPACE,
         )
+        self.devices_held = prom.Gauge(
+            "devices_held_by_other_api", "Devices not offered through the API the node is "
+            "served through now because running containers still hold them through the "
+            "other one (api: the API holding them).", ["api"], namespace=NAMESPACE,
+        )
         build_info = prom.Gauge(
             "build_info", "Always 1; the labels say which build runs: its version and the "
             "Python it runs on.", ["version", "python"], namespace=NAMESPACE,
@@ -178,3 +183,10 @@ def dra_claim_status_write(driver: str, result: str) -> None:
     """One write of a claim's ``status.devices`` entries: ``ok``, ``refused`` or ``error``."""
     if _active is not None:
         _active.dra_claim_status_writes.labels(driver, result).inc()
+
+
+def devices_held(api: str, count: int) -> None:
+    """How many devices containers still hold through ``api`` (``device-plugin`` or ``dra``)
+    while the node serves through the other one."""
+    if _active is not None:
+        _active.devices_held.labels(api).set(count)

@@ -13,6 +13,9 @@ reason                    type     when
 ``DeviceHealthy``         Normal   an Unhealthy device is Healthy again
 ``ServingAPIChanged``     Normal   ``--api auto`` moves the node between the device
                                    plugin and DRA, with why
+``DevicesHeldAcrossMove`` Warning  after a move, devices running containers still hold
+                                   through the other API (named with their pods or
+                                   claims) are kept out of the new one until released
 ========================  =======  ================================================
 
 The recording itself (aggregation, rate limit, the queue that never blocks) is
@@ -51,6 +54,7 @@ CONTROLLER = "b-com.com/accelerator-device-plugin"
 UNHEALTHY = "DeviceUnhealthy"
 HEALTHY = "DeviceHealthy"
 API_CHANGED = "ServingAPIChanged"
+HELD = "DevicesHeldAcrossMove"
 HEALTH_ACTION = "CheckHealth"
 API_ACTION = "ChooseServingAPI"
 
@@ -77,6 +81,11 @@ def api_changed(now: str, before: str, why: str) -> Occurrence:
     """``now``/``before``: how the API is named in logs ("DRA", "the device plugin")."""
     return Occurrence(NORMAL, API_CHANGED, API_ACTION,
                       f"Devices are served through {now} instead of {before}: {why}")
+
+
+def devices_held(message: str) -> Occurrence:
+    """``message``: the devices, who holds them and through which API."""
+    return Occurrence(WARNING, HELD, API_ACTION, message)
 
 
 class _LazySink:
@@ -150,3 +159,6 @@ class NodeEvents:
 
     def api_moved(self, now: str, before: str, why: str) -> None:
         self.recorder.record(api_changed(now, before, why))
+
+    def held(self, message: str) -> None:
+        self.recorder.record(devices_held(message))

@@ -104,6 +104,7 @@ def write_kustomization(directory: Path, components: tuple[str, ...] | list[str]
 
 REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
 CDI_DIR = "/var/run/cdi"
+POD_RESOURCES_DIR = str(config.DEFAULT_POD_RESOURCES_SOCKET.parent)
 DRA_STATE_DIR = str(config.KUBELET_PLUGINS_DIR / config.DEFAULT_DRA_DRIVER)
 """The DRA driver's own directory under the kubelet's: its gRPC socket and claim checkpoint."""
 DRA_CLUSTER = REPO / "deploy" / "overlays" / "dra" / "cluster"

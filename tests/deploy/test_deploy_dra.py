@@ -20,6 +20,7 @@ from deploy_support import (
     DRA_CLUSTER,
     DRA_STATE_DIR,
     KUSTOMIZATIONS,
+    POD_RESOURCES_DIR,
     REGISTRY_DIR,
     REPO,
     container,
@@ -79,9 +80,12 @@ DRA_ENV = {
     "ACCELERATOR_DP_CDI": "true",
     "ACCELERATOR_DP_CDI_SPEC_DIR": CDI_DIR,
     "ACCELERATOR_DP_DEVICE_LIST_STRATEGY": "both",
+    "ACCELERATOR_DP_POD_RESOURCES_SOCKET": f"{POD_RESOURCES_DIR}/kubelet.sock",
 }
 DRA_MOUNTS = {REGISTRY_DIR: "Directory", DRA_STATE_DIR: "DirectoryOrCreate",
-              CDI_DIR: "DirectoryOrCreate"}
+              CDI_DIR: "DirectoryOrCreate", POD_RESOURCES_DIR: "DirectoryOrCreate"}
+READ_ONLY_MOUNTS = {POD_RESOURCES_DIR}
+"""The kubelet's PodResources socket is only read (as monitoring agents mount it)."""
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +158,7 @@ def test_daemonset_mounts_the_registry_its_own_directory_and_the_cdi_specs(dra):
         # At the host's own path: the kubelet dials the socket path the plugin registers,
         # and the runtime reads CDI specs that name host paths.
         assert mount["mountPath"] == path
-        assert not mount.get("readOnly", False), path
+        assert mount.get("readOnly", False) is (path in READ_ONLY_MOUNTS), path
         assert "mountPropagation" not in mount
     # Nothing else of /var/lib/kubelet/plugins: other drivers' sockets are not ours.
     others = [p for p in (s["path"] for s in volumes.values())
@@ -165,6 +169,8 @@ def test_daemonset_mounts_the_registry_its_own_directory_and_the_cdi_specs(dra):
     for variable in ("ACCELERATOR_DP_DRA_STATE_DIR", "ACCELERATOR_DP_PLUGINS_REGISTRY_DIR",
                      "ACCELERATOR_DP_CDI_SPEC_DIR"):
         assert values[variable] in {m["mountPath"] for m in mounts.values()}, variable
+    socket = values["ACCELERATOR_DP_POD_RESOURCES_SOCKET"]
+    assert socket.rsplit("/", 1)[0] in {m["mountPath"] for m in mounts.values()}
 
 
 def test_daemonset_state_dir_is_the_default_for_its_driver_name(dra):

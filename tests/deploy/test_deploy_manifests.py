@@ -13,6 +13,7 @@ from deploy_support import (
     DRA_STATE_DIR,
     KUSTOMIZATIONS,
     METRICS_PORT,
+    POD_RESOURCES_DIR,
     PROBE_PORT,
     REGISTRY_DIR,
     REPO,
@@ -40,14 +41,17 @@ ALLOWED_HOST_PATHS = {
     # The DRA driver's own directory (its gRPC socket and claim checkpoint), and no other
     # of /var/lib/kubelet/plugins: other drivers' sockets and state are not its business.
     DRA_STATE_DIR: True,
+    # The kubelet's PodResources socket: which devices running containers hold (DRA, auto).
+    POD_RESOURCES_DIR: False,
     "/sys/class": False,
     "/sys/bus": False,
     "/sys/devices": False,
     "/dev": False,
 }
-CREATED_HOST_PATHS = {CDI_DIR, DRA_STATE_DIR}
+CREATED_HOST_PATHS = {CDI_DIR, DRA_STATE_DIR, POD_RESOURCES_DIR}
 """Host paths the plugin may create: a node's runtime reads CDI specs there but need not
-have made the directory, and nobody but the DRA driver makes its own."""
+have made the directory, and nobody but the DRA driver makes its own; the kubelet makes
+pod-resources at start, but a node without it must still run the plugin."""
 DRA_KINDS = ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
              "ValidatingAdmissionPolicyBinding", "DaemonSet", "DeviceClass"]
 """What the dra overlay renders, in kustomize's order."""

@@ -29,10 +29,18 @@ from pathlib import Path
 from api_versions.claim_status import status_apply
 from api_versions.device_classes import extended_resource_names
 from api_versions.k8s_objects import KubeObject, api_version_of
+from api_versions.podresources import Listing
 from api_versions.resource_claims import parse_claim
 from api_versions.resource_slices import slices_for
 from api_versions.watcher import RegistrationOutcome
 from plugin.model.feed import DeviceFeed
+from plugin.model.held import (
+    DEVICE_PLUGIN,
+    Held,
+    held_through_device_plugin,
+    held_through_dra,
+    nothing,
+)
 from plugin.process import metrics
 from plugin.serving.dra.apiserver import REQUEST_TIMEOUT, ApiFailure, ApiRefused, ApiServer
 from plugin.serving.dra.checkpoint import ClaimCheckpoint
@@ -44,6 +52,7 @@ from plugin.serving.dra.inventory import Pool, pool_of
 from plugin.serving.dra.prepare import ClaimPreparer
 from plugin.serving.dra.publisher import SlicePublisher
 from plugin.serving.dra.service import DraNodeService
+from plugin.serving.holds import HoldWatch
 from plugin.serving.routing import FileIdentity, identity
 
 log = logging.getLogger(__name__)
@@ -51,6 +60,10 @@ log = logging.getLogger(__name__)
 CHECKPOINT_FILE = "claims.jsonl"
 CONNECT_RETRY_INITIAL = 0.2
 CONNECT_RETRY_MAX = 30.0
+CLAIM_CHECK_TIMEOUT = 2.0
+CLAIM_CHECK_CONCURRENCY = 32
+"""How long the API server may take to say whether a recorded claim still holds its devices
+(the node moving back to the device plugin waits for it): beyond, the claim counts as held."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +83,24 @@ class DriverPlace:
     kubelet_socket: Path | None = None
     """The device-plugin ``kubelet.sock``, which every kubelet start makes anew: what tells
     one kubelet instance from the next (``--api auto``)."""
+    pod_resources_socket: Path | None = None
+    """The kubelet's PodResources socket: devices containers still hold through the device
+    plugin are published tainted, and prepared for no claim, until released (None: not
+    asked, every device offered)."""
+
+
+async def _claim_in_use(api: ApiServer, ref: ClaimRef) -> bool:
+    """Whether claim ``ref`` (by UID) is still allocated and reserved for a pod."""
+    try:
+        obj = await api.get_claim(ref.namespace, ref.name)
+    except ApiFailure as failure:
+        return failure.status != 404
+    except Exception:  # an answer it cannot read: fail safe, the device stays held
+        return True
+    if ref.uid and obj.get("metadata", {}).get("uid") not in (None, ref.uid):
+        return False
+    status = obj.get("status") or {}
+    return bool(status.get("allocation")) and bool(status.get("reservedFor"))
 
 
 class DraDriver:
@@ -82,13 +113,23 @@ class DraDriver:
     """
 
     def __init__(self, place: DriverPlace, feed: DeviceFeed,
-                 cdi_ids: Callable[[str], list[str]], api: ApiServer | None = None) -> None:
+                 cdi_ids: Callable[[str], list[str]], api: ApiServer | None = None, *,
+                 resources: Callable[[], Iterable[str]] = tuple,
+                 say_held: Callable[[str], None] | None = None) -> None:
         self.place = place
+        self._resources = resources
+        """The device plugin's resource names for these devices (what PodResources lists
+        device-plugin devices under)."""
+        self._say_held = say_held
+        self.held: Held = nothing(DEVICE_PLUGIN)
+        """Devices containers still hold through the device plugin (after a move to DRA)."""
+        self._holds: asyncio.Task[None] | None = None
         self.feed = feed
         self._cdi_ids = cdi_ids
         self._api = api
         self._pool: Pool | None = None
         self._pool_devices: object = None
+        self._pool_held: object = None
         self._preparer: ClaimPreparer | None = None
         self._health: HealthBroadcaster | None = None
         self._status: ClaimStatusReporter | None = None
@@ -100,9 +141,12 @@ class DraDriver:
     def pool(self) -> Pool:
         """The pool of the devices now (cached per device set)."""
         devices = self.feed.current
-        if self._pool is None or self._pool_devices is not devices:
-            self._pool = pool_of(self.place.driver, self.place.node, devices)
+        if self._pool is None or self._pool_devices is not devices \
+                or self._pool_held is not self.held:
+            held = {device_id: DEVICE_PLUGIN for device_id in self.held.devices}
+            self._pool = pool_of(self.place.driver, self.place.node, devices, held=held)
             self._pool_devices = devices
+            self._pool_held = self.held
         return self._pool
 
     def device_names(self) -> Mapping[str, str]:
@@ -155,7 +199,8 @@ class DraDriver:
                 checkpoint, claim_specs=ClaimSpecs(
                     place.cdi_dir, place.driver,
                     lambda ids: accelerator_env(ids, self.feed.current)),
-                on_prepared=self._status.prepared, on_unprepared=self._status.unprepared)
+                on_prepared=self._status.prepared, on_unprepared=self._status.unprepared,
+                held=self._held_by)
             metrics.follow_dra_prepared_claims(place.driver, checkpoint.held)
             self._health = HealthBroadcaster(place.node, self.feed, self.device_names)
             self._follower = asyncio.create_task(self._follow_devices(),
@@ -225,6 +270,14 @@ class DraDriver:
                 preparer.checkpoint.load()  # the socket is ours: so is the record (said now)
                 if status is not None:
                     status.follow(preparer.checkpoint.claims.values())
+            try:  # before the first slice: a held device is never offered, not even once
+                watch = await self._devices_held()
+            except Exception:  # a bug here must not keep the node from being published
+                log.exception("cannot tell which devices the device plugin still holds; "
+                              "offering every device")
+                watch = None
+            if watch is not None and watch.held:
+                self._holds = asyncio.create_task(watch.run(), name="device-plugin holds")
             await publisher.run()
 
         self._publishing = asyncio.create_task(publish(), name="slice publisher")
@@ -233,6 +286,12 @@ class DraDriver:
         """Stop publishing; with ``withdraw`` delete the pool's slices, so the scheduler
         stops placing DRA claims on a node that no longer serves them."""
         task, self._publishing = self._publishing, None
+        holds, self._holds = self._holds, None
+        if holds is not None:
+            holds.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await holds
+        self.held = nothing(DEVICE_PLUGIN)
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -277,6 +336,70 @@ class DraDriver:
                 log.info("DRA driver %s: the API server configuration can be read now",
                          self.place.driver)
             return api
+
+    def _held_by(self) -> dict[str, str]:
+        return {device_id: f"held by {', '.join(holders)}"
+                for device_id, holders in self.held.devices.items()}
+
+    async def _devices_held(self) -> HoldWatch | None:
+        """Ask the kubelet which of these devices containers still hold through the device
+        plugin (a kubelet upgraded in place keeps them running), said once; the watch that
+        follows them until released, or None when nothing is asked."""
+        socket = self.place.pod_resources_socket
+        if socket is None:
+            return None
+
+        async def compute(listing: Listing | None, before: Held) -> Held:
+            if listing is None:
+                return before  # unreadable: what was held stays held (nothing at first)
+            return held_through_device_plugin(listing, set(self._resources()),
+                                              set(self.feed.current.ids))
+
+        watch = HoldWatch(socket, DEVICE_PLUGIN, compute, self._holds_changed, self._say_held)
+        self._holds_changed(await watch.first())
+        return watch
+
+    def read_record_if_owned(self) -> int:
+        """Read the claim record if this instance holds the DRA socket (the kubelet answered
+        through it), as publishing does; how many claims it records (0 when not read)."""
+        preparer, service = self._preparer, self.service
+        if preparer is None or service is None or not service.serving:
+            return 0
+        preparer.checkpoint.load()
+        return len(preparer.checkpoint)
+
+    async def claims_held(self, listing: Listing | None, before: Held) -> Held:
+        """Devices of claims this driver prepared whose pods may still run (the node moved
+        back to the device plugin, whose kubelet no longer calls unprepare): a recorded
+        claim holds its devices until the API server says it is gone, replaced, or reserved
+        for no pod; where the server cannot tell, it still holds them. Plus the claims the
+        kubelet's PodResources lists for this driver (1.34+)."""
+        preparer, api = self._preparer, self._api
+        # Only a record this instance owns and read already: reading it here would cache it
+        # in an instance that does not hold the socket (a rolling update's newcomer).
+        owned = preparer is not None and preparer.checkpoint.held() is not None
+        recorded = list(preparer.checkpoint.claims.values()) if owned and preparer else []
+        reads = asyncio.Semaphore(CLAIM_CHECK_CONCURRENCY)
+
+        async def in_use(ref: ClaimRef) -> bool:
+            if api is None:
+                return True
+            try:
+                async with asyncio.timeout(CLAIM_CHECK_TIMEOUT), reads:
+                    return await _claim_in_use(api, ref)
+            except TimeoutError:
+                return True  # the server is slow to tell: the claim still holds its devices
+
+        answers = await asyncio.gather(*(in_use(claim.ref) for claim in recorded))
+        live = [(claim.ref.namespace, claim.ref.name,
+                 [d.device_id for d in claim.devices if d.pool == self.place.node])
+                for claim, used in zip(recorded, answers, strict=True) if used]
+        return held_through_dra(live, listing, self.place.driver, self.device_names())
+
+    def _holds_changed(self, held: Held) -> None:
+        self.held = held
+        if self.publisher is not None:
+            self.publisher.devices_changed()
 
     async def _follow_devices(self) -> None:
         async for _devices in self.feed.subscribe():

@@ -202,6 +202,9 @@ class DraDevice:
     healthy: bool = True
     health_reason: str = ""
     health_code: str = ""
+    held_by: str = ""
+    """The API through which a running container still holds the device (``device-plugin``
+    after a move to DRA), a label value; empty: free to allocate."""
 
     def __post_init__(self) -> None:
         if not is_dns_label(self.name):
@@ -221,7 +224,7 @@ class DraDevice:
     def __hash__(self) -> int:
         return hash((self.name, self.device_id, tuple(self.attributes.items()),
                      tuple(self.capacity.items()), self.healthy, self.health_reason,
-                     self.health_code))
+                     self.health_code, self.held_by))
 
 
 @dataclass(frozen=True)
@@ -341,9 +344,10 @@ def attributes_of(device: Device) -> dict[str, AttributeValue]:
     return attributes
 
 
-def dra_device(device: Device) -> DraDevice:
+def dra_device(device: Device, held_by: str = "") -> DraDevice:
     """``device`` as the pool lists it."""
     return DraDevice(
+        held_by=held_by,
         name=device_name(device.id),
         device_id=device.id,
         attributes=attributes_of(device),
@@ -360,10 +364,12 @@ def _check_name(what: str, value: str, limit: int) -> None:
 
 
 def pool_of(driver: str, node_name: str, devices: DeviceSet,
-            pool_name: str | None = None) -> Pool:
+            pool_name: str | None = None, held: Mapping[str, str] | None = None) -> Pool:
     """The pool ``driver`` publishes for ``node_name``: every device of the snapshot.
 
-    The pool is named after the node unless ``pool_name`` says otherwise, as the Go helper
+    ``held``: device ID -> the API a running container still holds it through (see
+    :attr:`DraDevice.held_by`). The pool is named after the node unless ``pool_name`` says
+    otherwise, as the Go helper
     names node-local pools. Raises ValueError for a driver, node or pool name the server
     would refuse (a configuration mistake, better found before publishing), or if two IDs
     got one device name (which the naming rule makes all but impossible).
@@ -375,7 +381,8 @@ def pool_of(driver: str, node_name: str, devices: DeviceSet,
         raise ValueError(f"pool name {name!r} is longer than {MAX_POOL_NAME} characters")
     for part in name.split("/"):
         _check_name("pool name part", part, MAX_POOL_NAME)
-    listed = tuple(dra_device(d) for d in devices)
+    held = held or {}
+    listed = tuple(dra_device(d, held.get(d.id, "")) for d in devices)
     seen: dict[str, str] = {}
     for entry in listed:
         if entry.name in seen:

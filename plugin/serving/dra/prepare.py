@@ -95,7 +95,8 @@ class ClaimPreparer:
                  concurrency: int = DEFAULT_CONCURRENCY,
                  read_timeout: float = DEFAULT_READ_TIMEOUT,
                  on_prepared: Observer | None = None,
-                 on_unprepared: Forget | None = None) -> None:
+                 on_unprepared: Forget | None = None,
+                 held: Callable[[], Mapping[str, str]] = dict) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, not {concurrency}")
         self.driver = driver
@@ -109,6 +110,9 @@ class ClaimPreparer:
         self._reads = asyncio.Semaphore(concurrency)
         self.on_prepared = on_prepared
         self.on_unprepared = on_unprepared
+        self._held = held
+        """Device ID -> who still holds it through the device plugin (after a move to DRA):
+        such a device is prepared for no claim until released."""
 
     # -- prepare ---------------------------------------------------------------------------
 
@@ -241,6 +245,13 @@ class ClaimPreparer:
             problems.append(f"devices pool {self.pool_name} does not have: {name_some(unknown)}")
         if problems:
             raise Refused(f"claim {describe(ref)} is allocated {'; '.join(problems)}")
+        held = self._held()
+        busy = [f"{r.device} ({held[names[r.device]]})" for r in results
+                if names[r.device] in held]
+        if busy:
+            raise Refused(f"claim {describe(ref)} is allocated devices still in use through "
+                          f"the device plugin: {name_some(busy)}; the kubelet will call again "
+                          "once they are released")
         devices = []
         for result in results:
             device_id = names[result.device]
