@@ -64,7 +64,11 @@ async def test_a_1_38_server_gets_slices_and_claims_through_v1_and_never_a_v1bet
     v1beta1 = [f"{r.method} {r.path}" for r in bench.api.requests
                if r.version == "v1beta1" or "/v1beta1" in r.path]
     assert v1beta1 == [], v1beta1
-    assert messages(plugin, "warning", "error") == []
+    # Nothing about the API versions: the one warning allowed is that this node has no
+    # kubelet PodResources socket (the plugin then offers every device, as it says).
+    said = [m for m in messages(plugin, "warning", "error")
+            if not m.startswith("cannot read the kubelet's PodResources API")]
+    assert said == []
 
 
 async def test_every_device_with_a_numa_node_carries_the_standard_attribute(bench):

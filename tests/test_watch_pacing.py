@@ -78,3 +78,20 @@ async def test_a_watch_its_reader_gave_up_is_not_counted(slept):
         await watch(client, read=False)  # closed by us (a lifetime ended, a stop)
         await watch(client)
     assert slept == [0.2] and pacing.cut_short == 1
+
+
+async def test_one_paths_watches_ended_at_once_do_not_hold_back_anothers(slept, caplog):
+    """As client-go keeps a back-off per reflector: the node watch being cut short must not
+    delay the slice watch that puts back what a kubelet start wiped."""
+    pacing = WatchPacing(server([b""] * 6), backoff_initial=0.2)
+    async with httpx2.AsyncClient(transport=pacing) as client:
+        with caplog.at_level(logging.WARNING):
+            for _ in range(4):
+                async with client.stream("GET", "http://api/nodes",
+                                         params={"watch": "true"}) as response:
+                    async for _ in response.aiter_bytes():
+                        pass
+            before = list(slept)
+            await watch(client)  # the first slice watch: no pause of its own
+    assert before == [0.2, 0.4, 0.8] and slept == before
+    assert len([r for r in caplog.records if "ends watches at once" in r.getMessage()]) == 1
