@@ -22,12 +22,9 @@ patch, which is exact for what ``kubectl label`` and ``annotate`` change (maps).
 from __future__ import annotations
 
 import copy
-import json
-from functools import cache
-from pathlib import Path
 from typing import Any
 
-from compat_tests.apiserver import errors, fielderrors
+from compat_tests.apiserver import errors, fielderrors, strict_schemas
 from compat_tests.apiserver import patch as patching
 from compat_tests.apiserver.fielderrors import FieldError
 from compat_tests.apiserver.store import Store
@@ -36,25 +33,9 @@ SCHEMA_RELEASE = "1.36"
 Obj = dict[str, Any]
 
 
-@cache
-def _validator() -> Any:
-    import jsonschema
-    import kubernetes_validate
-    from referencing import Registry, Resource
-
-    directory = (Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema"
-                 / f"v{SCHEMA_RELEASE}.0-local-strict")
-    schema = json.loads((directory / "node-v1.json").read_text())
-    definitions = json.loads((directory / "_definitions.json").read_text())
-    registry: Registry = Resource.from_contents(schema) @ Registry()
-    registry = Resource.from_contents(definitions) @ registry
-    return jsonschema.Draft202012Validator(schema, registry=registry)
-
-
 def schema_errors(obj: Obj) -> list[str]:
     """What the 1.36 strict schema of core/v1 Node says against ``obj``."""
-    return [f"{'.'.join(str(p) for p in e.absolute_path) or '<root>'}: {e.message[:300]}"
-            for e in _validator().iter_errors(obj)]
+    return strict_schemas.schema_errors("node-v1.json", obj, SCHEMA_RELEASE)
 
 
 def metadata_errors(new: Obj, old: Obj) -> list[FieldError]:
