@@ -99,7 +99,7 @@ def test_gbs_round_trip():
     image = parse_gbs(data)
     (length,) = struct.unpack_from("<I", data, 16)
     assert image == GbsImage(
-        metadata_version=1, interface_id=SKX_HEX,
+        metadata_version=1, platform_name="pcie/ccip", interface_id=SKX_HEX,
         afu_ids=(NLB0_HEX, NLB3_AFU_ID.replace("-", "")), name="nlb_400",
         magic_no=GBS_MAGIC_NO, clock_frequency_high=312.0, clock_frequency_low=156.0,
         power=50.0, bitstream_offset=20 + length, bitstream_length=len(bitstream))
@@ -115,9 +115,14 @@ def test_gbs_optional_fields_and_nul_padding():
     assert (image.power, image.clock_frequency_high, image.bitstream_length) == (None, None, 0)
 
 
-def test_gbs_cluster_without_name_is_unnamed():
-    meta = _metadata_with(afu_accelerator_clusters=[{"accelerator-type-uuid": NLB0_AFU_ID}])
-    assert parse_gbs(build_gbs(meta)).name == ""
+@pytest.mark.parametrize("version", [640, 650])
+def test_gbs_metadata_version_aliases_of_1(version):
+    # metadatav1.c: BBS 6.4.0/6.5.0-era images wrote 640/650 for version 1.
+    assert parse_gbs(build_gbs(version=version)).metadata_version == 1
+
+
+def test_gbs_platform_name_is_optional():
+    assert parse_gbs(build_gbs(_metadata_with(**{"platform-name": None}))).platform_name is None
 
 
 def _gbs_with_length(length: int, body: bytes = b"{}") -> bytes:
@@ -126,6 +131,8 @@ def _gbs_with_length(length: int, body: bytes = b"{}") -> bytes:
 
 GBS_REFUSALS = [
     ("wrong magic", b"YeonFPGA\xb7GBSv001" + build_gbs()[16:], "not a GBS file"),
+    ("legacy format", struct.pack("<II", GBS_MAGIC_NO, 0) + bytes(16) + b"rbf",
+     "a legacy GBS without metadata"),
     ("empty file", b"", "truncated: the 20-byte header"),
     ("truncated header", build_gbs()[:19], "truncated: the 20-byte header"),
     ("no metadata", _gbs_with_length(0), "no metadata"),
@@ -139,6 +146,9 @@ GBS_REFUSALS = [
     ("no version", build_gbs(_metadata_with(version=None)), 'no "version"'),
     ("version string", build_gbs(_metadata_with(version="1")), '"version" is not an integer'),
     ("version bool", build_gbs(_metadata_with(version=True)), '"version" is not an integer'),
+    ("version 2", build_gbs(version=2), "metadata version 2 is not one OPAE reads"),
+    ("platform not string", build_gbs(_metadata_with(**{"platform-name": 3})),
+     '"platform-name" is not a string'),
     ("no afu-image", build_gbs({"version": 1}), 'no "afu-image"'),
     ("no magic-no", build_gbs(_metadata_with(afu_magic_no=None)), 'no integer "magic-no"'),
     ("wrong magic-no", build_gbs(_metadata_with(afu_magic_no=1)), '"magic-no" is 1'),
@@ -162,7 +172,14 @@ GBS_REFUSALS = [
     ("afu id malformed", build_gbs(afu_ids=(NLB0_AFU_ID, "d8424dc4-a4a3-c413-f89e-433683f9040")),
      'cluster 1 "accelerator-type-uuid"'),
     ("name not string", build_gbs(_metadata_with(afu_accelerator_clusters=[
-        {"accelerator-type-uuid": NLB0_AFU_ID, "name": 3}])), '"name" is not a string'),
+        {"accelerator-type-uuid": NLB0_AFU_ID, "name": 3, "total-contexts": 1}])),
+     'cluster 0 has no string "name"'),
+    ("no name", build_gbs(_metadata_with(afu_accelerator_clusters=[
+        {"accelerator-type-uuid": NLB0_AFU_ID, "total-contexts": 1}])),
+     'cluster 0 has no string "name"'),
+    ("no contexts", build_gbs(_metadata_with(afu_accelerator_clusters=[
+        {"accelerator-type-uuid": NLB0_AFU_ID, "name": "nlb"}])),
+     'cluster 0 has no integer "total-contexts"'),
     ("power string", build_gbs(_metadata_with(afu_power="50")), '"power" is not a number'),
     ("clock huge", build_gbs(_metadata_with(afu_clock_frequency_high=10**400)),
      "not a finite number"),
@@ -473,6 +490,22 @@ def test_library_checks_where_the_descriptor_really_points(library, tmp_path, mo
     monkeypatch.setattr(os, "readlink", swapped)
     with pytest.raises(ValueError, match="the tree changed while it was opened"):
         library.read_gbs("intel/nlb0.gbs")
+
+
+def test_library_refuses_escapes_without_proc(library, tmp_path, monkeypatch):
+    """Where /proc is absent, the check on the resolved path alone still holds."""
+    (library.root / "escape.gbs").symlink_to(tmp_path / "secret.gbs")
+    real_readlink = os.readlink
+
+    def no_proc(path):
+        if str(path).startswith("/proc/self/fd/"):
+            raise FileNotFoundError(path)
+        return real_readlink(path)
+
+    monkeypatch.setattr(os, "readlink", no_proc)
+    assert library.read_gbs("intel/nlb0.gbs").afu_id == NLB0_HEX
+    with pytest.raises(ValueError, match=r"resolves to .*, outside the image library"):
+        library.read_gbs("escape.gbs")
 
 
 def test_library_never_loads_the_bitstream(library):

@@ -1,18 +1,21 @@
 """Intel OPAE green bitstreams (GBS): the header and metadata, checked before a card is touched.
 
-Layout, as OPAE reads it (OFS/opae-sdk ``libopae/plugins/xfpga/bitstream.c`` at commit
-8851c9af617d8e8149da5e5b7be2287f2981c903: ``check_bitstream_guid``,
-``get_bitstream_header_len``, ``validate_bitstream_metadata``, ``read_gbs_metadata``)::
+Layout, as OPAE reads it (OFS/opae-sdk ``opae-libs/libbitstream/bitstream.c`` at commit
+4d1089ce34550b06f38eb28f422312780f2a7253, ``opae_resolve_bitstream``, the library
+``fpgaconf`` loads with; the same layout in ``libopae/plugins/xfpga/bitstream.c`` at
+8851c9af617d8e8149da5e5b7be2287f2981c903, ``check_bitstream_guid``,
+``get_bitstream_header_len``)::
 
     offset 0   16 bytes  METADATA_GUID "58656F6E-4650-4741-B747-425376303031", stored in
                          uuid_parse order (the bytes ``XeonFPGA\\xb7GBSv001``)
     offset 16  uint32    JSON metadata length, host (little-endian) order
     offset 20  n bytes   JSON metadata
-    offset 20+n          the raw partial bitstream, to the end of the file
+    offset 20+n          the raw partial bitstream (the "rbf"), to the end of the file
 
-The metadata (the keys ``bitstream.c`` defines)::
+The metadata, version 1 (``opae-libs/libbitstream/metadatav1.c`` at
+b95ab6fdcbb9455c8b3ac8a61b71b4626217fa12; 640 and 650 are accepted aliases of 1)::
 
-    {"version": 1,
+    {"version": 1, "platform-name": "...",
      "afu-image": {"magic-no": 488605312, "interface-uuid": "<uuid>",
                    "clock-frequency-high": ..., "clock-frequency-low": ..., "power": ...,
                    "accelerator-clusters": [{"name": "...", "total-contexts": 1,
@@ -20,9 +23,12 @@ The metadata (the keys ``bitstream.c`` defines)::
 
 ``interface-uuid`` is the PR interface the image was built for (the FME's
 ``pr/interface_id``, DFL's region ``compat_id``); each cluster's ``accelerator-type-uuid``
-is an AFU ID, what the port's ``afu_id`` reads once the image is loaded. OPAE refuses an
-image whose ``magic-no`` is not ``FPGA_GBS_6_3_0_MAGIC`` (0x1d1f8680) or whose interface
-differs from the FME's, so this reader refuses those too, before the card sees a byte.
+is an AFU ID, what the port's ``afu_id`` reads once the image is loaded. This reader
+requires what ``metadatav1.c`` requires (``magic-no`` equal to 0x1d1f8680, the interface
+UUID, each cluster's name, context count and type UUID), treats the clock and power keys as
+optional as OPAE does, and refuses further what it cannot vouch for before a load: no
+cluster at all (no AFU ID to check against the port) and the deprecated legacy format
+(no metadata; it starts with the magic number itself).
 
 IDs are kept as 32 lower-case hex digits, the spelling sysfs uses (see :mod:`.ids`).
 """
@@ -40,7 +46,8 @@ from plugin.programming.ids import dashed, same_id, sysfs_id, uuid_text_to_id
 
 GBS_GUID = bytes.fromhex("58656F6E46504741B747425376303031")
 PREFIX = struct.Struct("<16sI")
-GBS_MAGIC_NO = 0x1D1F8680
+GBS_MAGIC_NO = 0x1D1F8680  # FPGA_GBS_6_3_0_MAGIC, OPAE_LEGACY_BITSTREAM_MAGIC
+METADATA_VERSIONS = {1: 1, 640: 1, 650: 1}  # BBS 6.4.0/6.5.0-era images wrote 640/650
 # The metadata is a few hundred bytes in every image OPAE's packager writes; the bound only
 # stops a corrupt length from making the reader allocate up to 4 GiB.
 MAX_METADATA_BYTES = 1 << 20
@@ -51,6 +58,7 @@ class GbsImage:
     """What a GBS file says about itself; IDs as 32 lower-case hex digits."""
 
     metadata_version: int
+    platform_name: str | None
     interface_id: str
     afu_ids: tuple[str, ...]
     name: str
@@ -95,6 +103,9 @@ def read_gbs(stream: BinaryIO, size: int) -> GbsImage:
     """
     prefix = _read_exact(stream, PREFIX.size, size, "the 20-byte header")
     guid, length = PREFIX.unpack(prefix)
+    if guid != GBS_GUID and struct.unpack_from("<I", guid)[0] == GBS_MAGIC_NO:
+        raise ValueError("a legacy GBS without metadata (OPAE deprecated the format): its "
+                         "AFU ID cannot be checked; repackage it with OPAE's packager")
     if guid != GBS_GUID:
         raise ValueError(f"not a GBS file: the first 16 bytes are {guid.hex()}, "
                          f"not the GBS GUID {GBS_GUID.hex()}")
@@ -155,6 +166,12 @@ def _image(root: dict[str, object], offset: int, length: int) -> GbsImage:
         raise ValueError("GBS metadata has no \"version\"")
     if isinstance(version, bool) or not isinstance(version, int):
         raise ValueError(f"GBS metadata \"version\" is not an integer: {version!r:.40}")
+    if version not in METADATA_VERSIONS:
+        raise ValueError(f"GBS metadata version {version} is not one OPAE reads (1, or its "
+                         f"aliases 640 and 650)")
+    platform = root.get("platform-name")
+    if platform is not None and not isinstance(platform, str):
+        raise ValueError("GBS \"platform-name\" is not a string")
     afu = root.get("afu-image")
     if not isinstance(afu, dict):
         raise ValueError("GBS metadata has no \"afu-image\" object")
@@ -182,12 +199,16 @@ def _image(root: dict[str, object], offset: int, length: int) -> GbsImage:
             raise ValueError(f"{where} has no \"accelerator-type-uuid\"")
         afu_ids.append(uuid_text_to_id(cluster["accelerator-type-uuid"],
                                        f"{where} \"accelerator-type-uuid\""))
-        name = cluster.get("name", "")
+        name = cluster.get("name")
         if not isinstance(name, str):
-            raise ValueError(f"{where} \"name\" is not a string")
+            raise ValueError(f"{where} has no string \"name\"")
+        contexts = cluster.get("total-contexts")
+        if isinstance(contexts, bool) or not isinstance(contexts, int):
+            raise ValueError(f"{where} has no integer \"total-contexts\"")
         names.append(name)
     return GbsImage(
-        metadata_version=version, interface_id=interface, afu_ids=tuple(afu_ids),
+        metadata_version=METADATA_VERSIONS[version], platform_name=platform,
+        interface_id=interface, afu_ids=tuple(afu_ids),
         name=names[0], magic_no=magic,
         clock_frequency_high=_number(afu, "clock-frequency-high"),
         clock_frequency_low=_number(afu, "clock-frequency-low"),

@@ -2,10 +2,12 @@
 
 The DFL kernel prints a port's ``afu_id`` and a region's ``compat_id`` as 32 hex digits
 (``"%016llx%016llx\\n"``, high then low half: ``drivers/fpga/dfl-afu-main.c``,
-``drivers/fpga/fpga-region.c``); OPAE's ``intel-fpga`` driver prints ``pr/interface_id``
-the same way, and XRT's ``interface_uuids``/``logic_uuids`` are 32 hex digits too. Image
-metadata writes the same 16 bytes as dashed UUIDs (``uuid_parse`` order: the string's hex
-digits in order), so dropping the dashes and lower-casing makes both sides comparable.
+``drivers/fpga/fpga-region.c``); OPAE's out-of-tree ``intel-fpga`` driver prints the FME's
+``pr/interface_id`` the same way (``fme-pr.c``, ``interface_id_show``), and XRT's
+``interface_uuids``/``logic_uuids`` are 32 hex digits too (its ``xclbinuuid`` is dashed).
+Image metadata writes the same 16 bytes as dashed UUIDs (``uuid_parse`` order: the string's
+hex digits in order), so dropping the dashes and lower-casing makes both sides comparable,
+and a ``compat_id`` printed dashed (a kernel change once proposed ``%pU``) reads the same.
 """
 
 from __future__ import annotations
