@@ -16,13 +16,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from compat_tests.fake_alveo import DEFAULT_SHELL, DEFAULT_TIMESTAMP
+
 GBS_GUID_TEXT = "58656F6E-4650-4741-B747-425376303031"
 GBS_MAGIC_NO = 488605312
 NLB0_AFU_ID = "d8424dc4-a4a3-c413-f89e-433683f9040b"
 NLB3_AFU_ID = "f7df405c-bd7a-cf72-22f1-44b0b93acd18"
 SKX_INTERFACE_ID = "1a422218-6dba-448e-b302-425cbcde1406"
 
-XCLBIN_SHELL = "xilinx_u250_gen3x16_xdma_shell_4_1"
+XCLBIN_SHELL = DEFAULT_SHELL  # the shell fake_alveo's cards report
 XCLBIN_INTERFACE = "15a6b4a4-1eb2-e1b7-5f05-ce8a63bb1e53"
 XCLBIN_UUID = "5c4ed2a3-4c52-4d6e-9d16-7a8d8b2bc7e0"
 
@@ -74,6 +76,7 @@ class XclbinSpec:
     vbnv: str = XCLBIN_SHELL
     interface_uuid: str | None = XCLBIN_INTERFACE
     timestamp: int = 1_700_000_000
+    feature_rom_timestamp: int = int(DEFAULT_TIMESTAMP)
     version: tuple[int, int, int] = (2, 16, 0)
     mode: int = 1  # XCLBIN_PR
     sections: list[XclbinSection] = field(default_factory=lambda: [
@@ -100,7 +103,7 @@ def build_xclbin(spec: XclbinSpec | None = None) -> bytes:
     major, minor, patch = spec.version
     out = b"xclbin2\0" + struct.pack("<i", -1) + b"\xff" * 28 + bytes(256)
     out += struct.pack("<Q", 0x1234)  # m_uniqueId
-    out += struct.pack("<QQQ", length, spec.timestamp, 0)
+    out += struct.pack("<QQQ", length, spec.timestamp, spec.feature_rom_timestamp)
     out += struct.pack("<HBBHH", patch, major, minor, spec.mode, 0)
     out += interface + spec.vbnv.encode().ljust(64, b"\0")
     out += uuid.UUID(spec.uuid).bytes + bytes(16)  # uuid, m_debug_bin

@@ -239,6 +239,7 @@ def test_xclbin_round_trip():
     assert image.interface_uuid == XCLBIN_INTERFACE.replace("-", "")
     assert image.length == len(data)
     assert (image.version, image.mode, image.signature_length) == ((2, 16, 0), 1, -1)
+    assert (image.timestamp, image.feature_rom_timestamp) == (1_700_000_000, 1605029394)
     assert [(s.kind, s.name, s.size) for s in image.sections] == [
         (0, "bit", 2048), (6, "mem_topology", 48)]
     bit = image.sections[0]

@@ -72,6 +72,7 @@ class XclbinImage:
     interface_uuid: str | None
     length: int
     timestamp: int
+    feature_rom_timestamp: int
     version: tuple[int, int, int]
     mode: int
     signature_length: int
@@ -84,7 +85,8 @@ class XclbinImage:
     def fits_interface(self, sysfs_text: str | None) -> bool:
         """True when one of the shell's ``interface_uuids`` lines is the image's interface.
 
-        An image without an interface UUID (older tools) fits on its VBNV alone.
+        An image without an interface UUID (older tools) fits on its VBNV here; XRT then
+        also compares ``feature_rom_timestamp`` with the shell ROM's ``timestamp``.
         """
         if self.interface_uuid is None:
             return True
@@ -126,7 +128,7 @@ def read_xclbin(stream: BinaryIO, size: int) -> XclbinImage:
     magic, signature_length, _reserved, _key, _unique = AXLF.unpack_from(head)
     if magic != MAGIC:
         raise ValueError(f"not an xclbin2 file: magic {magic!r}, not {MAGIC!r}")
-    (length, timestamp, _rom_ts, patch, major, minor, mode, _actions, interface, vbnv_raw,
+    (length, timestamp, rom_timestamp, patch, major, minor, mode, _actions, interface, vbnv_raw,
      uuid_raw, _debug, count) = HEADER.unpack_from(head, AXLF.size)
     if length > size:
         raise ValueError(f"xclbin header length {length} is past the end of the "
@@ -150,7 +152,8 @@ def read_xclbin(stream: BinaryIO, size: int) -> XclbinImage:
     return XclbinImage(
         uuid=uuid_raw.hex(), platform_vbnv=vbnv,
         interface_uuid=None if interface == _ZERO_UUID else interface.hex(),
-        length=length, timestamp=timestamp, version=(major, minor, patch), mode=mode,
+        length=length, timestamp=timestamp, feature_rom_timestamp=rom_timestamp,
+        version=(major, minor, patch), mode=mode,
         signature_length=signature_length, sections=sections)
 
 
