@@ -182,7 +182,10 @@ GBS_REFUSALS = [
      'cluster 0 has no integer "total-contexts"'),
     ("power string", build_gbs(_metadata_with(afu_power="50")), '"power" is not a number'),
     ("clock huge", build_gbs(_metadata_with(afu_clock_frequency_high=10**400)),
-     "not a finite number"),
+     '"clock-frequency-high" is out of range'),
+    ("power infinite", build_gbs(json.dumps(gbs_metadata()).replace('"power": 50', '"power": 1e999')
+                                 .encode()),
+     '"power" is not a finite number'),
 ]
 
 
@@ -266,7 +269,7 @@ def test_xclbin_target_checks():
     image.check_target(XCLBIN_SHELL, interfaces)
     with pytest.raises(ValueError, match="targets platform"):
         image.check_target("xilinx_u280_xdma_201920_3", interfaces)
-    with pytest.raises(ValueError, match="built for interface"):
+    with pytest.raises(ValueError, match=f"built for interface {XCLBIN_INTERFACE}"):
         image.check_target(XCLBIN_SHELL, "0123456789abcdef0123456789abcdef")
     assert image.loaded_on(XCLBIN_UUID + "\n")  # XRT's xclbinuuid prints it dashed
     assert image.holds(XCLBIN_UUID.replace("-", "").upper())

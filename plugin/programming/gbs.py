@@ -223,7 +223,10 @@ def _number(afu: dict[str, object], key: str) -> float | None:
     value = afu[key]
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"GBS \"{key}\" is not a number: {value!r:.40}")
-    number = float(value) if isinstance(value, float) or abs(value) < 1 << 53 else math.inf
+    try:
+        number = float(value)
+    except OverflowError:
+        raise ValueError(f"GBS \"{key}\" is out of range: {value!r:.40}") from None
     if not math.isfinite(number):
         raise ValueError(f"GBS \"{key}\" is not a finite number: {value!r:.40}")
     return number

@@ -99,9 +99,8 @@ class XclbinImage:
             raise ValueError(f"xclbin {dashed(self.uuid)} targets platform "
                              f"{self.platform_vbnv!r}; the card's shell is {vbnv!r}")
         if not self.fits_interface(interface_text):
-            assert self.interface_uuid is not None
             raise ValueError(f"xclbin {dashed(self.uuid)} was built for interface "
-                             f"{self.interface_uuid}; the shell's are "
+                             f"{dashed(self.interface_uuid or '')}; the shell's are "
                              f"{(interface_text or '').split() or 'unknown'}")
 
     def loaded_on(self, sysfs_xclbinuuid: str | None) -> bool:
