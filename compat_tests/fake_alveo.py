@@ -5,7 +5,10 @@ management function (``xclmgmt``) at function 0 and a user function (``xocl``) a
 of one domain:bus:device, as shells since 2018.3 have them; marker files ``mgmt_pf`` and
 ``user_pf``; the management side's ``instance`` (``(domain << 16) | (bus << 8) | devfn``,
 ``XOCL_DEV_ID``); subdevices ``rom.u.<n>`` (``VBNV``, ``timestamp``) and
-``firewall.u.<n>`` (``status``) whose instance numbers run across cards; the user
+``firewall.u.<n>`` (``status``) whose instance numbers run across cards; the user function's
+``logic_uuids`` and ``interface_uuids`` (32 hex digits a line, as the shell's device tree
+holds them) and ``xclbinuuid`` (``%pUb``, all zeros with no xclbin loaded), as
+``userpf/xocl_sysfs.c`` prints them; the user
 function's DRM nodes ``drm/card<n>`` and ``drm/renderD<128+n>`` (major 226), with
 ``/dev/dri/renderD<N>`` and its ``/dev/char`` link. The default IDs are a pair from XRT's
 tables (``devices.h``: management ``0x5004``, user ``0x5005``, vendor ``0x10ee``).
@@ -25,6 +28,9 @@ MANAGEMENT_DEVICE = "0x5004"
 USER_DEVICE = "0x5005"
 DEFAULT_SHELL = "xilinx_u250_gen3x16_xdma_shell_4_1"
 DEFAULT_TIMESTAMP = "1605029394"
+DEFAULT_LOGIC_UUID = "f465b0a3ae8c64f619bc150384ace69b"
+DEFAULT_INTERFACE_UUID = "862c7020a250293e32036f19956669e5"
+NO_XCLBIN = "00000000-0000-0000-0000-000000000000"
 DRM_MAJOR = 226
 RENDER_MINOR_BASE = 128
 FIREWALL_INSTANCE_BASE = 16 << 20
@@ -86,6 +92,9 @@ def bind_xocl(node: FakeNode, user_bdf: str, *, shell: str = DEFAULT_SHELL,
     _write(path / "ready", "0x1")
     _write(path / "dev_offline", "0")
     _write(path / "device_bad_state", "0")
+    _write(path / "logic_uuids", DEFAULT_LOGIC_UUID)
+    _write(path / "interface_uuids", DEFAULT_INTERFACE_UUID)
+    _write(path / "xclbinuuid", NO_XCLBIN)
     _write(path / f"rom.u.{index}" / "VBNV", shell)
     _write(path / f"rom.u.{index}" / "timestamp", timestamp)
     _write(path / f"firewall.u.{FIREWALL_INSTANCE_BASE + index}" / "status", "0")
@@ -93,6 +102,11 @@ def bind_xocl(node: FakeNode, user_bdf: str, *, shell: str = DEFAULT_SHELL,
     _write(path / "drm" / card.render / "dev", card.dev)
     _driver(node, path, "xocl")
     restore_render_node(node, user_bdf)
+
+
+def load_xclbin(node: FakeNode, user_bdf: str, uuid: str) -> None:
+    """What xocl shows once an xclbin is loaded: its UUID in ``xclbinuuid``."""
+    _write(node.function_path(card_of(node, user_bdf).user) / "xclbinuuid", uuid)
 
 
 def unbind_xocl(node: FakeNode, user_bdf: str) -> None:

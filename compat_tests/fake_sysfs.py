@@ -34,6 +34,9 @@ F1_MANAGEMENT = "0x1041"
 F2_CLEARED = "0x9048"
 F2_MANAGEMENT = "0x9248"
 MAJORS = {"intel-fpga": 240, "dfl": 508}
+FME_MAJORS = {"intel-fpga": 241, "dfl": 509}
+"""The FME's character devices have a major of their own (``dfl.c`` registers one chrdev
+region per feature device type, ``dfl_chrdevs[]``)."""
 
 
 @dataclass
@@ -52,6 +55,8 @@ class FakeCard:
     path: Path
     class_link: Path
     ports: list[str] = field(default_factory=list)
+    fme: Path | None = None
+    """The FME's sysfs directory (``intel-fpga-fme.N`` / ``dfl-fme.N``); None on a VF."""
 
 
 class FakeNode:
@@ -71,6 +76,7 @@ class FakeNode:
         self._next = {"intel-fpga-dev": 0, "intel-fpga-fme": 0, "intel-fpga-port": 0,
                       "region": 0, "dfl-fme": 0, "dfl-port": 0}
         self._minor = {"intel-fpga": 0, "dfl": 0}
+        self._fme_minor = {"intel-fpga": 0, "dfl": 0}
 
     def config(self, nb_units: int = 40) -> BackendConfig:
         return BackendConfig(sysfs_root=self.sysfs_root, dev_root=self.dev_root,
@@ -151,6 +157,7 @@ class FakeNode:
 
     def _card(self, driver: str, bdf: str, interface_id: str | None) -> FakeCard:
         function = self.function_path(bdf)
+        fme: Path | None = None
         if driver == "intel-fpga":
             name = self._take("intel-fpga-dev", "intel-fpga-dev.{}")
             path = function / "fpga" / name
@@ -165,7 +172,8 @@ class FakeNode:
             path.mkdir(parents=True)
             if interface_id is not None:
                 fme_name = self._take("dfl-fme", "dfl-fme.{}")
-                fme_region = path / fme_name / f"dfl-fme-region.{fme_name.split('.')[1]}"
+                fme = path / fme_name
+                fme_region = fme / f"dfl-fme-region.{fme_name.split('.')[1]}"
                 pr_name = self._take("region", "region{}")
                 pr = fme_region / "fpga_region" / pr_name
                 _write(pr / "compat_id", interface_id)
@@ -174,9 +182,32 @@ class FakeNode:
             class_link = self.sysfs_root / "class" / "fpga_region" / name
         _link(class_link, path)
         _link(path / "device", function)
-        card = FakeCard(driver, bdf, path, class_link)
+        card = FakeCard(driver, bdf, path, class_link, fme=fme)
         self.cards[bdf] = card
+        if fme is not None:
+            minor = self._fme_minor[driver]
+            self._fme_minor[driver] += 1
+            _write(fme / "dev", f"{FME_MAJORS[driver]}:{minor}")
+            self.restore_fme_node(bdf)
         return card
+
+    def fme_dev(self, bdf: str) -> str:
+        fme = self.cards[bdf].fme
+        assert fme is not None, f"{bdf} has no FME"
+        return (fme / "dev").read_text().strip()
+
+    def delete_fme_node(self, bdf: str) -> None:
+        """The FME's device node goes (udev rule, or a node not passed into the container)."""
+        fme = self.cards[bdf].fme
+        assert fme is not None, f"{bdf} has no FME"
+        (self.dev_root / fme.name).unlink(missing_ok=True)
+        (self.dev_root / "char" / self.fme_dev(bdf)).unlink(missing_ok=True)
+
+    def restore_fme_node(self, bdf: str) -> None:
+        fme = self.cards[bdf].fme
+        assert fme is not None, f"{bdf} has no FME"
+        _write(self.dev_root / fme.name, "")
+        _link(self.dev_root / "char" / self.fme_dev(bdf), self.dev_root / fme.name)
 
     def add_port(self, bdf: str, *, afu_id: str = DEFAULT_AFU_ID,
                  port_id: int | None = None) -> str:

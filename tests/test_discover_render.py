@@ -24,11 +24,11 @@ def test_table_shows_every_column_for_every_port(tmp_path: Path) -> None:
     devices = IntelBackend(node.config()).scan()
     lines = render_table(devices).splitlines()
     assert lines[0].split() == ["ID", "BACKEND", "DRIVER", "NODE", "NUMA", "LOADED",
-                                "HEALTH", "WHY"]
+                                "PROGRAMMABLE", "HEALTH", "WHY"]
     assert len(lines) == 1 + len(devices)
     first = lines[1].split()
-    assert first[:8] == ["0000:3b:00.0", "intel", "dfl", "/dev/dfl-port.0", "0", "afu",
-                         DEFAULT_AFU_ID, "Healthy"]
+    assert first[:9] == ["0000:3b:00.0", "intel", "dfl", "/dev/dfl-port.0", "0", "afu",
+                         DEFAULT_AFU_ID, "no", "Healthy"]
     crashed = next(line for line in lines if line.startswith("0000:d8:00.0"))
     assert "Unhealthy" in crashed and crashed.endswith("AFU ID is all f: firmware crashed")
     # Columns are aligned: every HEALTH cell starts under the header.
@@ -42,7 +42,7 @@ def test_table_says_when_there_is_nothing() -> None:
 
 def test_units_show_dashes_where_there_is_no_fact() -> None:
     line = render_table(UnitsBackend(1).scan()).splitlines()[1].split()
-    assert line == ["0", "units", "-", "-", "-", "-", "Healthy", "-"]
+    assert line == ["0", "units", "-", "-", "-", "-", "no", "Healthy", "-"]
 
 
 def test_json_keeps_every_fact(tmp_path: Path) -> None:
@@ -68,4 +68,5 @@ def test_alveo_cards_show_their_render_node_and_shell(tmp_path: Path) -> None:
     add_alveo_card(node, "0000:17:00.1")
     [line] = render_table(AlveoBackend(node.config()).scan()).splitlines()[1:]
     assert line.split() == ["0000:17:00.1", "alveo", "xocl", "/dev/dri/renderD128", "0",
-                            "shell", DEFAULT_SHELL, f"({DEFAULT_TIMESTAMP})", "Healthy", "-"]
+                            "shell", DEFAULT_SHELL, f"({DEFAULT_TIMESTAMP})", "no", "Healthy",
+                            "-"]

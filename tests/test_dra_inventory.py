@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 
 from compat_tests.apiserver import fielderrors, rules_common
 from compat_tests.fake_alveo import (
+    DEFAULT_INTERFACE_UUID,
+    DEFAULT_LOGIC_UUID,
     add_alveo_card,
     build_alveo_node,
     set_state,
@@ -157,7 +159,7 @@ def test_intel_opae_and_dfl_ports(tmp_path: Path) -> None:
         "pciVendorID": "0x8086", "pciDeviceID": "0x09c4",
         "afuID": DEFAULT_AFU_ID, "interfaceID": DEFAULT_INTERFACE_ID,
         "resource.kubernetes.io/pciBusID": "0000:5e:00.0",
-        "resource.kubernetes.io/numaNode": 0,
+        "resource.kubernetes.io/numaNode": 0, "programmable": False,
     }
     port1 = seen(pool["pci-0000-3b-00-0-port1"])
     assert port1["kernelDriver"] == "dfl"
@@ -189,7 +191,7 @@ def test_aws_f1_slots(tmp_path: Path) -> None:
         "family": "aws", "platform": "f1", "slot": 0,
         "pciVendorID": "0x1d0f", "pciDeviceID": "0x1042",
         "resource.kubernetes.io/pciBusID": "0000:00:0f.0",
-        "resource.kubernetes.io/numaNode": 0,
+        "resource.kubernetes.io/numaNode": 0, "programmable": False,
     }
     assert "kernelDriver" not in first  # AWS's "driver" fact names the platform, not a driver
     assert seen(pool.devices[7])["resource.kubernetes.io/numaNode"] == 1
@@ -216,8 +218,9 @@ def test_alveo_cards(tmp_path: Path) -> None:
         "family": "alveo", "kernelDriver": "xocl",
         "pciVendorID": "0x10ee", "pciDeviceID": "0x5005",
         "shell": "xilinx_u250_gen3x16_xdma_shell_4_1", "shellTimestamp": 1605029394,
+        "logicUUID": DEFAULT_LOGIC_UUID, "interfaceUUID": DEFAULT_INTERFACE_UUID,
         "resource.kubernetes.io/pciBusID": "0000:17:00.1",
-        "resource.kubernetes.io/numaNode": 0,
+        "resource.kubernetes.io/numaNode": 0, "programmable": False,
     }
     assert pool.devices[0].attributes["shellTimestamp"].kind is AttributeKind.INT
 
@@ -233,7 +236,7 @@ def test_a_shell_name_the_server_would_refuse_is_left_out_not_cut(tmp_path: Path
 def test_units() -> None:
     pool = pool_of(DRIVER, NODE, DeviceSet.of(UnitsBackend(12).scan()))
     assert [d.name for d in pool.devices] == [f"unit-{i}" for i in range(12)]
-    assert all(seen(d) == {"family": "units"} for d in pool.devices)
+    assert all(seen(d) == {"family": "units", "programmable": False} for d in pool.devices)
 
 
 def test_no_numa_node_means_no_numa_attribute(tmp_path: Path) -> None:

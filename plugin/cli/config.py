@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 
 from api_versions.retry import RetryPolicy
 from plugin.cli.sources import CONFIG_KEY, UNSET, Option, Origin, SettingError, resolve
+from plugin.model.programming import PROGRAMMING_MODES
 from plugin.model.resource_names import dns_subdomain_problem, resource_name_problem
 from plugin.serving.cdi import DEFAULT_SPEC_DIR
 from plugin.serving.cdi import STRATEGIES as CDI_STRATEGIES
@@ -88,6 +89,8 @@ class Settings:
     api_request_timeout: float = 10.0
     events: str = "auto"
     """``auto``: Kubernetes Events where the process has API access (``--api dra|auto``)."""
+    programming: str = "off"
+    """``on``: devices with a loader on this node are published (and shown) programmable."""
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     origins: tuple[Origin, ...] = ()
     """Each setting not at its default and where it came from, for the start-up line."""
@@ -273,6 +276,15 @@ def _add_node_flags(parser: OneLineParser) -> None:
             help="extended resource name advertised in single mode")
 
 
+def _add_programming_flag(parser: OneLineParser) -> None:
+    """Shared by ``serve`` and ``discover``, so ``discover`` answers as the daemon would."""
+    _EnvDefaults(parser).add(
+        "--programming", default="off", choices=PROGRAMMING_MODES,
+        help="on: DRA devices that can take another function on this node (an Intel port "
+             "whose card's FME node exists) are published with programmable true; off: "
+             "every device is published programmable false (Alveo and AWS always are)")
+
+
 def _add_common_flags(parser: OneLineParser) -> None:
     env = _EnvDefaults(parser)
     env.add("--log-level", default="info", choices=("debug", "info", "warning", "error"),
@@ -393,11 +405,13 @@ def build_parser() -> OneLineParser:
     _add_config_flag(serve)
     _add_node_flags(serve)
     _add_serve_flags(serve)
+    _add_programming_flag(serve)
     _add_common_flags(serve)
 
     discover = commands.add_parser("discover", help="print the devices that would be served")
     _add_config_flag(discover)
     _add_node_flags(discover)
+    _add_programming_flag(discover)
     _add_common_flags(discover)
     discover.add_argument("--json", dest="json_output", action="store_true",
                           help="print JSON instead of a table")

@@ -3,7 +3,9 @@
 The first thing an operator runs on a node where pods do not get their FPGA, so every
 column answers a support question: which ID the kubelet sees, which driver found it, which
 node the container gets, where it sits (NUMA), what is loaded (an Intel port's AFU ID, an
-Alveo card's shell, an AWS slot's application function IDs) and what is wrong. Below the
+Alveo card's shell and xclbin, an AWS slot's application function IDs), whether it can be
+given another function here (``--programming``, the same rule the DRA driver publishes as
+``programmable``) and what is wrong. Below the
 table, the settings not at their defaults and where each came from (a flag, a variable, the
 config file), since a setting nobody remembers making is the other usual answer; with
 ``--json`` that line goes to stderr, and stdout stays the list of devices scripts read.
@@ -16,17 +18,20 @@ from collections.abc import Sequence
 
 from plugin.cli.sources import Origin, describe
 from plugin.model.devices import Device
+from plugin.model.programming import programmable
 
-COLUMNS = ("ID", "BACKEND", "DRIVER", "NODE", "NUMA", "LOADED", "HEALTH", "WHY")
+COLUMNS = ("ID", "BACKEND", "DRIVER", "NODE", "NUMA", "LOADED", "PROGRAMMABLE", "HEALTH",
+           "WHY")
 NONE = "-"
 
 
-def render_table(devices: Sequence[Device], origins: Sequence[Origin] = ()) -> str:
+def render_table(devices: Sequence[Device], origins: Sequence[Origin] = (),
+                 programming: bool = False) -> str:
     """Aligned columns, one line per device; a line saying so when there are none.
 
     A last line, after a blank one, names the settings given and where from, if any were.
     """
-    rows = [_cells(d) for d in devices]
+    rows = [_cells(d, programming) for d in devices]
     widths = [max(len(r[i]) for r in [COLUMNS, *rows]) for i in range(len(COLUMNS))]
 
     def line(cells: Sequence[str]) -> str:
@@ -40,12 +45,12 @@ def render_table(devices: Sequence[Device], origins: Sequence[Origin] = ()) -> s
     return "\n".join(lines)
 
 
-def render_json(devices: Sequence[Device]) -> str:
+def render_json(devices: Sequence[Device], programming: bool = False) -> str:
     """One object per device, with every attribute discovery kept."""
-    return json.dumps([_record(d) for d in devices], indent=2)
+    return json.dumps([_record(d, programming) for d in devices], indent=2)
 
 
-def _cells(device: Device) -> tuple[str, ...]:
+def _cells(device: Device, programming: bool) -> tuple[str, ...]:
     return (
         device.id,
         device.backend,
@@ -53,6 +58,7 @@ def _cells(device: Device) -> tuple[str, ...]:
         ",".join(n.host_path for n in device.nodes) or NONE,
         NONE if device.numa_node is None else str(device.numa_node),
         loaded(device) or NONE,
+        "yes" if programmable(device, programming) else "no",
         device.health.value,
         device.health_reason or NONE,
     )
@@ -64,14 +70,16 @@ def loaded(device: Device) -> str:
         return f"afu {device.attribute('afu_id')}"
     if device.attribute("shell"):
         timestamp = device.attribute("shell_timestamp")
-        return f"shell {device.attribute('shell')}" + (f" ({timestamp})" if timestamp else "")
+        xclbin = device.attribute("xclbin_uuid")
+        return (f"shell {device.attribute('shell')}" + (f" ({timestamp})" if timestamp else "")
+                + (f" xclbin {xclbin}" if xclbin else ""))
     if device.attribute("platform") and device.attribute("device"):
         return (f"{device.attribute('platform')} image "
                 f"{device.attribute('vendor')}:{device.attribute('device')}")
     return ""
 
 
-def _record(device: Device) -> dict[str, object]:
+def _record(device: Device, programming: bool) -> dict[str, object]:
     return {
         "id": device.id,
         "backend": device.backend,
@@ -84,6 +92,8 @@ def _record(device: Device) -> dict[str, object]:
         "numa_node": device.numa_node,
         "afu_id": device.attribute("afu_id") or None,
         "shell": device.attribute("shell") or None,
+        "xclbin_uuid": device.attribute("xclbin_uuid") or None,
+        "programmable": programmable(device, programming),
         "health": device.health.value,
         "health_reason": device.health_reason or None,
         "attributes": device.attrs,

@@ -102,11 +102,11 @@ def discover(settings: Settings) -> int:
     if settings.json_output:
         # stdout stays the device list scripts parse (as in 0.1.0); where the settings came
         # from is for the person running it, on stderr.
-        print(render_json(devices))
+        print(render_json(devices, settings.programming == "on"))
         if settings.origins:
             print(describe(settings.origins), file=sys.stderr)
     else:
-        print(render_table(devices, settings.origins))
+        print(render_table(devices, settings.origins, settings.programming == "on"))
     return 0
 
 

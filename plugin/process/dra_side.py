@@ -140,7 +140,8 @@ class DraSide:
             request_timeout=settings.api_request_timeout,
             chosen_per_kubelet=settings.api == "auto",
             kubelet_socket=settings.device_plugin_dir / KUBELET_SOCKET,
-            pod_resources_socket=settings.pod_resources_socket)
+            pod_resources_socket=settings.pod_resources_socket,
+            programming=settings.programming == "on")
         self.driver = DraDriver(place, feed, self.cdi_ids, resources=lambda: self._resources,
                                 say_held=self._held)
         self._watch_label(settings.node_name)

@@ -33,6 +33,9 @@ def footprints(node: FakeNode) -> dict[str, list[Path]]:
         paths = [port.path, card.path, card.class_link, function,
                  node.sysfs_root / "bus" / "pci" / "devices" / port.bdf,
                  node.dev_root / port.name, node.dev_root / "char" / port.dev]
+        if card.fme is not None:  # its node decides the port's fme_node fact
+            paths += [node.dev_root / card.fme.name,
+                      node.dev_root / "char" / node.fme_dev(port.bdf)]
         physfn = function / "physfn"
         if physfn.is_symlink():
             parent = physfn.resolve()

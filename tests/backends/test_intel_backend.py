@@ -54,6 +54,7 @@ def test_ports_carry_numa_node_and_discovery_facts(intel_node: FakeNode) -> None
         "driver": "intel-fpga",
         "port": "intel-fpga-port.0",
         "pci_address": "0000:5e:00.0",
+        "fme_node": "/dev/intel-fpga-fme.0",
     }
     assert devices["0000:d8:00.0"].attribute("afu_id") == OTHER_AFU_ID
 

@@ -24,6 +24,15 @@ Xilinx's own device plugin (``FPGA_as_a_Service/k8s-device-plugin/fpga.go``):
   ``rom_attrs``). Subdevice directories are ``<name>.u.<instance>`` with instance numbers
   shared by all cards, so they are matched by prefix, as XRT's ``get_subdev_dir_name`` does.
 
+* What the card holds, from the user function's own attributes (``userpf/xocl_sysfs.c``):
+  ``logic_uuids``, the shell partition's logic UUID from the shell's device tree
+  (``PROP_LOGIC_UUID``, printed as the tree stores it, 32 hex digits); ``interface_uuids``,
+  one per line, the interfaces an xclbin may be built against (``PROP_INTERFACE_UUID``; only
+  recorded when there is exactly one, so a selector never sees half of a list); and
+  ``xclbinuuid``, the UUID of the xclbin loaded now (``%pUb``: 36 characters with dashes,
+  all zeros when none is, empty when the driver cannot tell). Both files are empty while the
+  card has no device tree; an unparsable value is reported and left out, never guessed.
+
 Health, recomputed on every scan. A card is Unhealthy when:
 
 * its user function has no xocl driver;
@@ -45,11 +54,13 @@ mean the same on every shell.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from plugin.discovery.backends.base import BackendConfig
 from plugin.discovery.backends.devnodes import NodeResolver
+from plugin.discovery.backends.hexid import normalise_hex_id
 from plugin.discovery.backends.pci import PciAddress, parse_bdf
 from plugin.discovery.backends.pcifn import PciFunction, pci_id, read_function
 from plugin.discovery.backends.sysfs import (
@@ -78,6 +89,9 @@ RENDER_DIRECTORY = "dri"
 STATE_FILES = ("ready", "dev_offline", "device_bad_state")
 MAX_RENDER_NODES = 4
 MAX_FIREWALLS = 16
+UUID_HEX = 32
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+NO_XCLBIN = "00000000-0000-0000-0000-000000000000"
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +212,7 @@ class AlveoBackend:
                            "cannot reach this card")
         else:
             attributes.update(self._shell(user.path, warnings))
+            attributes.update(_held(user.path, warnings))
             for name in STATE_FILES:
                 health_files.append(user.path / name)
             reasons += _state_problems(user.path)
@@ -248,6 +263,54 @@ class AlveoBackend:
             warnings.append(f"{timestamp.path}: {timestamp.problem or 'not a number'}; "
                             "shell timestamp unknown")
         return shell
+
+
+def _held(function: Path, warnings: list[str]) -> dict[str, str]:
+    """The shell's logic and interface UUIDs and the loaded xclbin's UUID, where readable."""
+    held: dict[str, str] = {}
+    logic = read_attr(function / "logic_uuids")
+    if logic.text:
+        value = _uuid_hex(logic.text.splitlines()[0])
+        if value is not None:
+            held["logic_uuid"] = value
+        else:
+            warnings.append(f"{logic.path}: {logic.text[:40]!r} is not a logic UUID; ignoring it")
+    elif not logic.ok and not _silent(logic):
+        warnings.append(f"{logic.describe()}; logic UUID unknown")
+    interfaces = read_attr(function / "interface_uuids")
+    lines = (interfaces.text or "").split()
+    values = [_uuid_hex(line) for line in lines]
+    if None in values:
+        warnings.append(f"{interfaces.path}: {(interfaces.text or '')[:40]!r} is not a list of "
+                        "interface UUIDs; ignoring it")
+    elif len(values) == 1 and values[0] is not None:
+        held["interface_uuid"] = values[0]
+    elif len(values) > 1:
+        log.debug("%s: %d interface UUIDs; none recorded", interfaces.path, len(values))
+    if not interfaces.ok and not _silent(interfaces):
+        warnings.append(f"{interfaces.describe()}; interface UUID unknown")
+    xclbin = read_attr(function / "xclbinuuid")
+    if xclbin.text:
+        text = xclbin.text.lower()
+        if not _UUID.match(text):
+            warnings.append(f"{xclbin.path}: {xclbin.text[:40]!r} is not an xclbin UUID; "
+                            "ignoring it")
+        elif text != NO_XCLBIN:
+            held["xclbin_uuid"] = text
+    elif not xclbin.ok and not _silent(xclbin):
+        warnings.append(f"{xclbin.describe()}; loaded xclbin unknown")
+    return held
+
+
+def _silent(attr: Attr) -> bool:
+    """Absent (older XRT) or empty (no device tree, nothing to tell): not worth a warning."""
+    return attr.missing or attr.problem == "empty"
+
+
+def _uuid_hex(text: str) -> str | None:
+    """A UUID as 32 lowercase hex digits, from either spelling; None if it is not one."""
+    value = normalise_hex_id(text)
+    return value if value is not None and len(value) == UUID_HEX else None
 
 
 def _subdevices(function: Path, prefix: str) -> list[Path]:

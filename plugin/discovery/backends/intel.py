@@ -33,6 +33,14 @@ hardware or tree): the one with the lowest instance number keeps it, the other i
 with a warning. The common one port per function gets exactly its address. IDs stay under
 30 characters.
 
+Programming: each port of a physical function records the device node of its card's FPGA
+Management Engine as ``fme_node`` when that node exists (``/dev/dfl-fme.N``: the FME platform
+device gets a character device of that name in ``dfl.c``, ``dfl_devs[]``, and a ``dev``
+attribute with it; OPAE names it ``/dev/intel-fpga-fme.N``). Partial reconfiguration of a
+port goes through that node (``DFL_FPGA_FME_PORT_PR``), so without it the port cannot be
+given another function here (:mod:`plugin.model.programming`). A missing node is no health
+matter: the port still serves what it holds.
+
 Health is recomputed from scratch on every scan, so a port recovers as soon as its cause
 clears: an all-``f`` AFU ID, a non-zero ``errors/errors`` or a missing device node each make
 the port Unhealthy, with the reason (and the path) in ``health_reason``.
@@ -53,6 +61,7 @@ from plugin.discovery.backends.intel_cards import CardModel, card_model, needs_s
 from plugin.discovery.backends.pcifn import PciFunction, owning_function, pci_id, read_function
 from plugin.discovery.backends.sysfs import Notes, is_dir, list_dir, read_attr
 from plugin.model.devices import Device, Health
+from plugin.model.programming import FME_NODE
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +117,8 @@ class Card:
     interface_id: str | None
     ports: tuple[Port, ...]
     model: CardModel | None = None
+    fmes: tuple[Path, ...] = ()
+    """The card's FME directories (one on real cards; none on a virtual function)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,7 +247,8 @@ class IntelBackend:
         if needs_subsystem(function.vendor, function.device):  # OFS: one device ID, many cards
             subsystem = pci_id(read_attr(function.path / "subsystem_device"), warnings)
         return Card(layout, entry, function, _interface_id(layout, entry, fmes, warnings),
-                    tuple(ports), card_model(function.vendor, function.device, subsystem))
+                    tuple(ports), card_model(function.vendor, function.device, subsystem),
+                    tuple(sorted(fmes)))
 
     def _device(self, entry: NamedPort, interface_id: str | None, nodes: NodeResolver,
                 warnings: list[str]) -> Device:
@@ -256,6 +268,9 @@ class IntelBackend:
             attributes["interface_id"] = interface_id
         if card.model is not None:
             attributes["card"] = card.model.name
+        fme_node = _fme_node(card, nodes, warnings)
+        if fme_node:
+            attributes[FME_NODE] = fme_node
         self._seen_health_files += [port.path / "afu_id", port.path / "errors" / "errors"]
         afu_id = _afu_id(device_id, port, reasons, warnings)
         if afu_id:
@@ -374,6 +389,23 @@ def _interface_id(layout: Layout, card: Path, fmes: list[Path],
             return value
         shown = attr.describe() if attr.text is None else f"{attr.path}: {attr.text[:40]!r}"
         warnings.append(f"{shown} is not an interface ID; ignoring it")
+    return None
+
+
+def _fme_node(card: Card, nodes: NodeResolver, warnings: list[str]) -> str | None:
+    """The host path of the card's FME device node, or None when it has none now.
+
+    A malformed ``dev`` attribute is reported (the resolver's warning) and the node is
+    looked for by name, as for ports; a missing node is only logged at debug level, since
+    programming is an option and the port is served either way.
+    """
+    for fme in card.fmes:
+        lookup = nodes.resolve(read_attr(fme / "dev"), fme.name)
+        if lookup.warning:
+            warnings.append(lookup.warning)
+        if lookup.node is not None:
+            return lookup.node.host_path
+        log.debug("%s: %s; its ports cannot be programmed", fme, lookup.problem)
     return None
 
 

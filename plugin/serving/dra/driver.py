@@ -87,6 +87,8 @@ class DriverPlace:
     """The kubelet's PodResources socket: devices containers still hold through the device
     plugin are published tainted, and prepared for no claim, until released (None: not
     asked, every device offered)."""
+    programming: bool = False
+    """``--programming on``: devices with a loader here are published ``programmable``."""
 
 
 async def _claim_in_use(api: ApiServer, ref: ClaimRef) -> bool:
@@ -144,7 +146,8 @@ class DraDriver:
         if self._pool is None or self._pool_devices is not devices \
                 or self._pool_held is not self.held:
             held = {device_id: DEVICE_PLUGIN for device_id in self.held.devices}
-            self._pool = pool_of(self.place.driver, self.place.node, devices, held=held)
+            self._pool = pool_of(self.place.driver, self.place.node, devices, held=held,
+                                 programming=self.place.programming)
             self._pool_devices = devices
             self._pool_held = self.held
         return self._pool

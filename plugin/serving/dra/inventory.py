@@ -47,7 +47,16 @@ Attributes
     ``shellTimestamp`` (int); AWS ``platform`` (``f1``/``f2``), ``slot`` (int, as AWS's tools
     number slots), ``pciSubsystemVendorID``/``pciSubsystemDeviceID`` (with the vendor and
     device IDs, what identifies the loaded image: the AFI ID itself is only in the slot's
-    mailbox, which the plugin must not touch). A value the server would refuse (a string
+    mailbox, which the plugin must not touch). Alveo also ``logicUUID`` (the shell
+    partition's logic UUID, 32 hex digits), ``interfaceUUID`` (the one interface UUID an
+    xclbin is built against, when the shell lists exactly one) and ``xclbinUUID`` (the xclbin
+    loaded now, 36 characters with dashes; absent when none is). Every device carries
+    ``programmable`` (bool): whether it can be given another function on this node, by
+    :func:`plugin.model.programming.programmable` (``--programming on`` and a loader for its
+    family: today an Intel port whose card's FME node exists). AWS publishes no shell version
+    and no AFI ID: both live only in the slot's mailbox (what ``fpga-describe-local-image``
+    reads through the management function's BAR), never in sysfs.
+    A value the server would refuse (a string
     over 64 bytes, say a very long VBNV) is left out rather than cut: a selector must never
     match a value the device does not have.
 
@@ -73,6 +82,7 @@ from functools import cached_property
 from types import MappingProxyType
 
 from plugin.model.devices import Device, DeviceSet
+from plugin.model.programming import programmable
 
 MAX_NAME = 63
 MAX_STRING_BYTES = 64
@@ -100,6 +110,10 @@ SHELL = "shell"
 SHELL_TIMESTAMP = "shellTimestamp"
 PLATFORM = "platform"
 SLOT = "slot"
+LOGIC_UUID = "logicUUID"
+INTERFACE_UUID = "interfaceUUID"
+XCLBIN_UUID = "xclbinUUID"
+PROGRAMMABLE = "programmable"
 
 KERNEL_DRIVER_FAMILIES = ("intel", "alveo")
 """Backends whose ``driver`` attribute names a kernel driver; AWS's names the platform."""
@@ -113,6 +127,8 @@ _DECIMAL = re.compile(r"^[0-9]{1,19}$")
 _PCIE_ROOT = re.compile(r"^pci[0-9a-f]{4,8}:[0-9a-f]{2}$")
 _PCI_ID = re.compile(r"^0x[0-9a-f]{4}$")
 _HEX_ID = re.compile(r"^[0-9a-f]{1,64}$")
+_UUID_HEX = re.compile(r"^[0-9a-f]{32}$")
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 _NOT_LABEL = re.compile(r"[^a-z0-9]+")
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -320,8 +336,9 @@ def _integer(attributes: dict[str, AttributeValue], name: str, value: int | str 
         attributes[name] = AttributeValue.integer(value)
 
 
-def attributes_of(device: Device) -> dict[str, AttributeValue]:
-    """What a DeviceClass or a claim's CEL selector can see of ``device``."""
+def attributes_of(device: Device, programming: bool = False) -> dict[str, AttributeValue]:
+    """What a DeviceClass or a claim's CEL selector can see of ``device``; ``programming``
+    is ``--programming on``."""
     facts = device.attrs
     attributes: dict[str, AttributeValue] = {}
     _string(attributes, FAMILY, device.backend)
@@ -341,16 +358,20 @@ def attributes_of(device: Device) -> dict[str, AttributeValue]:
     _integer(attributes, SHELL_TIMESTAMP, facts.get("shell_timestamp"))
     _string(attributes, PLATFORM, facts.get("platform"))
     _integer(attributes, SLOT, facts.get("slot"))
+    _string(attributes, LOGIC_UUID, facts.get("logic_uuid"), _UUID_HEX)
+    _string(attributes, INTERFACE_UUID, facts.get("interface_uuid"), _UUID_HEX)
+    _string(attributes, XCLBIN_UUID, facts.get("xclbin_uuid"), _UUID)
+    attributes[PROGRAMMABLE] = AttributeValue.boolean(programmable(device, programming))
     return attributes
 
 
-def dra_device(device: Device, held_by: str = "") -> DraDevice:
+def dra_device(device: Device, held_by: str = "", programming: bool = False) -> DraDevice:
     """``device`` as the pool lists it."""
     return DraDevice(
         held_by=held_by,
         name=device_name(device.id),
         device_id=device.id,
-        attributes=attributes_of(device),
+        attributes=attributes_of(device, programming),
         healthy=device.healthy,
         health_reason=device.health_reason,
         health_code="" if device.healthy else health_code(device.health_reason),
@@ -364,13 +385,15 @@ def _check_name(what: str, value: str, limit: int) -> None:
 
 
 def pool_of(driver: str, node_name: str, devices: DeviceSet,
-            pool_name: str | None = None, held: Mapping[str, str] | None = None) -> Pool:
+            pool_name: str | None = None, held: Mapping[str, str] | None = None,
+            programming: bool = False) -> Pool:
     """The pool ``driver`` publishes for ``node_name``: every device of the snapshot.
 
     ``held``: device ID -> the API a running container still holds it through (see
     :attr:`DraDevice.held_by`). The pool is named after the node unless ``pool_name`` says
     otherwise, as the Go helper
-    names node-local pools. Raises ValueError for a driver, node or pool name the server
+    names node-local pools. ``programming``: ``--programming on`` (see :data:`PROGRAMMABLE`).
+    Raises ValueError for a driver, node or pool name the server
     would refuse (a configuration mistake, better found before publishing), or if two IDs
     got one device name (which the naming rule makes all but impossible).
     """
@@ -382,7 +405,7 @@ def pool_of(driver: str, node_name: str, devices: DeviceSet,
     for part in name.split("/"):
         _check_name("pool name part", part, MAX_POOL_NAME)
     held = held or {}
-    listed = tuple(dra_device(d, held.get(d.id, "")) for d in devices)
+    listed = tuple(dra_device(d, held.get(d.id, ""), programming) for d in devices)
     seen: dict[str, str] = {}
     for entry in listed:
         if entry.name in seen:
