@@ -74,6 +74,20 @@ FAST_DRA = {"health_retry_period": 0.2, "wipe_retry_initial": 0.05}
 
 
 @pytest.fixture
+async def dra_bench(sockdir: Path, logdir: Path, tmp_path: Path) -> AsyncIterator[Any]:
+    """One node of emulated Kubernetes for the DRA fault and feature suites: a fake FPGA
+    tree, an API server, a kubelet and the real ``serve`` processes, all stopped after the
+    test (``compat_tests.test_dra_faults.Bench``)."""
+    from compat_tests.test_dra_faults import Bench
+
+    node = Bench(tmp_path, sockdir, logdir)
+    try:
+        yield node
+    finally:
+        await node.close()
+
+
+@pytest.fixture
 def plugins_registry(sockdir: Path) -> Path:
     path = sockdir / "plugins_registry"
     path.mkdir()

@@ -10,9 +10,6 @@ kernel gives a NUMA node, valid under the 1.37 schemas.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
 import pytest
 
 from compat_tests.apiserver import validate
@@ -22,12 +19,9 @@ NUMA_NODE = "resource.kubernetes.io/numaNode"
 
 
 @pytest.fixture
-async def bench(sockdir: Path, logdir: Path, tmp_path: Path) -> AsyncIterator[Bench]:
-    node = Bench(tmp_path, sockdir, logdir)
-    try:
-        yield node
-    finally:
-        await node.close()
+def bench(dra_bench: Bench) -> Bench:
+    """One node of emulated Kubernetes and a fake FPGA tree (compat_tests/conftest.py)."""
+    return dra_bench
 
 
 @pytest.mark.parametrize(("api", "kubelet", "service"), [

@@ -17,7 +17,7 @@ server, one node, one state directory, one CDI directory (the rule in CHANGELOG.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -38,12 +38,9 @@ def previous(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-async def bench(sockdir: Path, logdir: Path, tmp_path: Path) -> AsyncIterator[Bench]:
-    node = Bench(tmp_path, sockdir, logdir)
-    try:
-        yield node
-    finally:
-        await node.close()
+def bench(dra_bench: Bench) -> Bench:
+    """One node of emulated Kubernetes and a fake FPGA tree (compat_tests/conftest.py)."""
+    return dra_bench
 
 
 def serve_previous(bench: Bench, source: Path) -> PluginProcess:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,12 +27,9 @@ APPLY = "application/apply-patch+yaml"
 
 
 @pytest.fixture
-async def bench(sockdir: Path, logdir: Path, tmp_path: Path) -> AsyncIterator[Bench]:
-    node = Bench(tmp_path, sockdir, logdir)
-    try:
-        yield node
-    finally:
-        await node.close()
+def bench(dra_bench: Bench) -> Bench:
+    """One node of emulated Kubernetes and a fake FPGA tree (compat_tests/conftest.py)."""
+    return dra_bench
 
 
 def entries(bench: Bench, name: str) -> dict[str, dict[str, Any]]:

@@ -14,7 +14,7 @@ import itertools
 import shutil
 import textwrap
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -226,12 +226,9 @@ class Bench:
 
 
 @pytest.fixture
-async def bench(sockdir: Path, logdir: Path, tmp_path: Path) -> AsyncIterator[Bench]:
-    node = Bench(tmp_path, sockdir, logdir)
-    try:
-        yield node
-    finally:
-        await node.close()
+def bench(dra_bench: Bench) -> Bench:
+    """One node of emulated Kubernetes and a fake FPGA tree (compat_tests/conftest.py)."""
+    return dra_bench
 
 
 def port_device(bench: Bench, bus: str, index: int = 0) -> tuple[str, str]:

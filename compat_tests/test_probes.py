@@ -230,12 +230,9 @@ async def test_build_info_is_on_metrics(plugin):
 
 
 @pytest.fixture
-async def bench(sockdir: Path, logdir: Path, tmp_path: Path):
-    node = Bench(tmp_path, sockdir, logdir)
-    try:
-        yield node
-    finally:
-        await node.close()
+def bench(dra_bench: Bench) -> Bench:
+    """One node of emulated Kubernetes and a fake FPGA tree (compat_tests/conftest.py)."""
+    return dra_bench
 
 
 async def test_dra_readyz_follows_the_pool(bench):
