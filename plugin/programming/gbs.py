@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from plugin.programming.ids import dashed, same_id, sysfs_id, uuid_text_to_id
+from plugin.programming.reading import read_exact
 
 GBS_GUID = bytes.fromhex("58656F6E46504741B747425376303031")
 PREFIX = struct.Struct("<16sI")
@@ -129,13 +130,7 @@ def parse_gbs(data: bytes) -> GbsImage:
 
 
 def _read_exact(stream: BinaryIO, count: int, available: int, what: str) -> bytes:
-    if count > available:
-        raise ValueError(f"GBS truncated: {what} needs {count} bytes, the file has "
-                         f"{max(available, 0)}")
-    data = stream.read(count)
-    if len(data) != count:
-        raise ValueError(f"GBS truncated: {what} needs {count} bytes, read {len(data)}")
-    return data
+    return read_exact(stream, count, available, what, "GBS")
 
 
 def _reject_constant(name: str) -> float:

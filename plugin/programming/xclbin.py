@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from plugin.programming.ids import dashed, same_id, sysfs_id
+from plugin.programming.reading import read_exact
 
 MAGIC = b"xclbin2\0"
 AXLF = struct.Struct("<8si28s256sQ")
@@ -182,10 +183,4 @@ def _c_string(raw: bytes, what: str) -> str:
 
 
 def _read_exact(stream: BinaryIO, count: int, available: int, what: str) -> bytes:
-    if count > available:
-        raise ValueError(f"xclbin truncated: {what} needs {count} bytes, the file has "
-                         f"{max(available, 0)}")
-    data = stream.read(count)
-    if len(data) != count:
-        raise ValueError(f"xclbin truncated: {what} needs {count} bytes, read {len(data)}")
-    return data
+    return read_exact(stream, count, available, what, "xclbin")
