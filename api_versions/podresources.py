@@ -24,7 +24,6 @@ from api_versions.wire import WireApi, client_call
 
 GENERATION = "podresources_v1"
 SERVICE = "PodResourcesLister"
-DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 LIST_TIMEOUT = 2.0
 """How long one ``List`` may take: a kubelet answers from memory in milliseconds; one that
 takes seconds is hung, and the caller must not wait on it."""

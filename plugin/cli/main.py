@@ -112,7 +112,7 @@ def discover(settings: Settings) -> int:
 
 # What the demo needs beyond a node install: its own code, which lives in the source tree's
 # compat_tests/ and is in no wheel, and the third-party packages of the `demo` extra.
-DEMO_ONLY_MODULES = frozenset({"compat_tests", "aiohttp", "cryptography", "multidict", "yaml",
+DEMO_ONLY_MODULES = frozenset({"compat_tests", "aiohttp", "cryptography", "multidict",
                                "kubernetes_validate", "jsonschema", "referencing"})
 DEMO_MISSING = ("accelerator-device-plugin: error: the demo is not part of this install (no "
                 "module {module!r}): in a source checkout run `make demo`, or `pip install "

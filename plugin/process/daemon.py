@@ -83,8 +83,6 @@ class Daemon:
         self._last_node: DeviceSet | None = None
         self._counted: set[str] = set()
         """Resource names the device metrics were last set for (a vanished one goes to 0)."""
-        self._wanted: frozenset[str] | None = None
-        """Resource names of the last device set published (None: none yet)."""
         self.heartbeat = Heartbeat(self.settings.heartbeat_max_age)
         self.node_events: NodeEvents | None = None
         if events_enabled(self.settings):  # imported only then: the device plugin pays nothing
@@ -177,7 +175,6 @@ class Daemon:
             self.settings.resource_prefix,
         )
         self._last_node = node
-        self._wanted = frozenset(groups)
         for name, devices in groups.items():
             metrics.devices(name, devices)
         for name in self._counted - groups.keys():
@@ -336,7 +333,8 @@ class Daemon:
         if not live.ok:
             return Verdict(False, f"not live: {live.why}")
         servers = {name: r.server.readiness for name, r in self.resources.items()}
-        return node_readiness(self._wanted, servers, self.dra_side)
+        expected = None if self._last_node is None else self._counted
+        return node_readiness(expected, servers, self.dra_side)
 
     def _enable_metrics(self) -> None:
         """Metrics are a convenience: a port already taken must not stop device serving."""

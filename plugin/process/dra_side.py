@@ -79,9 +79,9 @@ class DraSide:
                  held: Callable[[str], None] | None = None) -> None:
         self.settings = settings
         self._moved = moved
+        """Told (now, before, why) when ``auto`` moves the node from one API to the other."""
         self._held = held
         """Told (once per move) which devices the other API still holds, and by whom."""
-        """Told (now, before, why) when ``auto`` moves the node from one API to the other."""
         self._cdi = cdi
         self._stopping = stopping
         self._withdraw_device_plugin = withdraw_device_plugin

@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from plugin.cli.config import Settings, events_enabled
+from plugin.cli.config import Settings
 from plugin.model.devices import DeviceSet
 from plugin.process.events import (
     NORMAL,
@@ -119,24 +119,22 @@ class _LazySink:
 class NodeEvents:
     """The Node's recorder and its sending task, for the daemon."""
 
-    def __init__(self, node: str, recorder: EventRecorder) -> None:
-        self.node = node
+    def __init__(self, recorder: EventRecorder) -> None:
         self.recorder = recorder
         self._previous: DeviceSet | None = None
         self._task: asyncio.Task[None] | None = None
 
     @classmethod
-    def for_settings(cls, settings: Settings) -> NodeEvents | None:
-        """None when ``--events`` leaves them off (nothing of the client is imported)."""
-        if not events_enabled(settings):
-            return None
+    def for_settings(cls, settings: Settings) -> NodeEvents:
+        """The daemon asks only when ``--events`` turns them on (nothing of the client is
+        imported otherwise)."""
         assert settings.node_name is not None, "settings_problem checks --node-name"
         sink = _LazySink(settings.node_name, settings.kubeconfig, settings.api_request_timeout)
         correlator = Correlator(Regarding("Node", settings.node_name), CONTROLLER,
                                 f"{CONTROLLER.rsplit('/', 1)[1]}-{socket.gethostname()}")
         log.info("Kubernetes Events on node %s: on (--events %s)", settings.node_name,
                  settings.events)
-        return cls(settings.node_name, EventRecorder(correlator, sink))
+        return cls(EventRecorder(correlator, sink))
 
     def start(self, finished: asyncio.Event) -> None:
         if self._task is None:

@@ -12,12 +12,7 @@ and a ``compat_id`` printed dashed (a kernel change once proposed ``%pU``) reads
 
 from __future__ import annotations
 
-import re
-
-from plugin.discovery.backends.hexid import normalise_hex_id
-
-_DASHED = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.IGNORECASE)
-_ID_DIGITS = 32
+from plugin.discovery.backends.hexid import DASHED_UUID, uuid_hex
 
 
 def uuid_text_to_id(text: object, what: str) -> str:
@@ -27,7 +22,7 @@ def uuid_text_to_id(text: object, what: str) -> str:
     """
     if not isinstance(text, str):
         raise ValueError(f"{what} is not a string: {type(text).__name__}")
-    if not _DASHED.fullmatch(text):
+    if not DASHED_UUID.fullmatch(text):
         raise ValueError(f"{what} {text[:60]!r} is not a UUID (8-4-4-4-12 hex digits)")
     return text.replace("-", "").lower()
 
@@ -40,8 +35,7 @@ def sysfs_id(text: str | None) -> str | None:
     """
     if text is None:
         return None
-    value = normalise_hex_id(text)
-    return value if value is not None and len(value) == _ID_DIGITS else None
+    return uuid_hex(text)
 
 
 def same_id(image_id: str, sysfs_text: str | None) -> bool:

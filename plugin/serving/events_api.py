@@ -20,14 +20,13 @@ from lightkube.types import PatchType
 
 from plugin.process.events import SinkFailure
 from plugin.serving.dra.apiserver import (
-    FIELD_MANAGER,
     NODES,
     REQUEST_TIMEOUT,
     ApiFailure,
     ApiUnavailable,
     NotFound,
-    client_transport,
     load_config,
+    new_client,
     translate,
 )
 
@@ -51,9 +50,7 @@ class NodeEventSink:
                 config = load_config(self.kubeconfig)
             except ApiFailure as failure:
                 raise SinkFailure(str(failure), "configuration", retry=True) from failure
-            self._client = AsyncClient(config, timeout=httpx2.Timeout(self.timeout),
-                                       field_manager=FIELD_MANAGER,
-                                       transport=client_transport(config))
+            self._client = new_client(config, self.timeout)
         return self._client
 
     async def uid(self) -> str | None:
@@ -82,8 +79,6 @@ class NodeEventSink:
     async def _call(self, awaitable: Any) -> Any:
         try:
             return await awaitable
-        except SinkFailure:
-            raise
         except Exception as exc:
             failure = translate(exc)
             raise SinkFailure(str(failure), _kind(exc, failure),

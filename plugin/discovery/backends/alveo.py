@@ -54,13 +54,12 @@ mean the same on every shell.
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from plugin.discovery.backends.base import BackendConfig
 from plugin.discovery.backends.devnodes import NodeResolver
-from plugin.discovery.backends.hexid import normalise_hex_id
+from plugin.discovery.backends.hexid import DASHED_UUID, uuid_hex
 from plugin.discovery.backends.pci import PciAddress, parse_bdf
 from plugin.discovery.backends.pcifn import PciFunction, pci_id, read_function
 from plugin.discovery.backends.sysfs import (
@@ -89,8 +88,6 @@ RENDER_DIRECTORY = "dri"
 STATE_FILES = ("ready", "dev_offline", "device_bad_state")
 MAX_RENDER_NODES = 4
 MAX_FIREWALLS = 16
-UUID_HEX = 32
-_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 NO_XCLBIN = "00000000-0000-0000-0000-000000000000"
 
 
@@ -270,7 +267,7 @@ def _held(function: Path, warnings: list[str]) -> dict[str, str]:
     held: dict[str, str] = {}
     logic = read_attr(function / "logic_uuids")
     if logic.text:
-        value = _uuid_hex(logic.text.splitlines()[0])
+        value = uuid_hex(logic.text.splitlines()[0])
         if value is not None:
             held["logic_uuid"] = value
         else:
@@ -279,7 +276,7 @@ def _held(function: Path, warnings: list[str]) -> dict[str, str]:
         warnings.append(f"{logic.describe()}; logic UUID unknown")
     interfaces = read_attr(function / "interface_uuids")
     lines = (interfaces.text or "").split()
-    values = [_uuid_hex(line) for line in lines]
+    values = [uuid_hex(line) for line in lines]
     if None in values:
         warnings.append(f"{interfaces.path}: {(interfaces.text or '')[:40]!r} is not a list of "
                         "interface UUIDs; ignoring it")
@@ -292,7 +289,7 @@ def _held(function: Path, warnings: list[str]) -> dict[str, str]:
     xclbin = read_attr(function / "xclbinuuid")
     if xclbin.text:
         text = xclbin.text.lower()
-        if not _UUID.match(text):
+        if not DASHED_UUID.fullmatch(text):
             warnings.append(f"{xclbin.path}: {xclbin.text[:40]!r} is not an xclbin UUID; "
                             "ignoring it")
         elif text != NO_XCLBIN:
@@ -305,12 +302,6 @@ def _held(function: Path, warnings: list[str]) -> dict[str, str]:
 def _silent(attr: Attr) -> bool:
     """Absent (older XRT) or empty (no device tree, nothing to tell): not worth a warning."""
     return attr.missing or attr.problem == "empty"
-
-
-def _uuid_hex(text: str) -> str | None:
-    """A UUID as 32 lowercase hex digits, from either spelling; None if it is not one."""
-    value = normalise_hex_id(text)
-    return value if value is not None and len(value) == UUID_HEX else None
 
 
 def _subdevices(function: Path, prefix: str) -> list[Path]:

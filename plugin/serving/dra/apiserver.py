@@ -109,8 +109,7 @@ class ApiServer:
     """The calls the driver makes, in the resource.k8s.io version the server serves."""
 
     def __init__(self, config: KubeConfig, timeout: float = REQUEST_TIMEOUT) -> None:
-        self._client = AsyncClient(config, timeout=httpx2.Timeout(timeout),
-                                   field_manager=FIELD_MANAGER, transport=client_transport(config))
+        self._client = new_client(config, timeout)
         self._version: str | None = None
         self._resources: dict[tuple[str, str], Any] = {}
 
@@ -295,7 +294,14 @@ class ApiServer:
 NODES = create_global_resource("", "v1", "Node", "nodes")
 
 
-def client_transport(config: KubeConfig) -> WatchPacing:
+def new_client(config: KubeConfig, timeout: float = REQUEST_TIMEOUT) -> AsyncClient:
+    """The one way this process makes an API client: the per-call timeout, this driver's
+    field manager, and watches paced by :class:`WatchPacing`."""
+    return AsyncClient(config, timeout=httpx2.Timeout(timeout), field_manager=FIELD_MANAGER,
+                       transport=_client_transport(config))
+
+
+def _client_transport(config: KubeConfig) -> WatchPacing:
     """The transport httpx would make (the cluster's CA, the user's client certificate),
     under :class:`WatchPacing`: the library makes a watch the server ended anew at once."""
     single = config.get()
@@ -390,5 +396,5 @@ def _plain(obj: Any) -> dict[str, Any]:
 
 __all__: Sequence[str] = (
     "NODES", "ApiFailure", "ApiRefused", "ApiServer", "ApiUnavailable", "Conflict", "Gone",
-    "NoResourceApi", "NotFound", "client_transport", "load_config", "translate",
+    "NoResourceApi", "NotFound", "load_config", "new_client", "translate",
 )

@@ -42,7 +42,13 @@ from plugin.model.held import (
     nothing,
 )
 from plugin.process import metrics
-from plugin.serving.dra.apiserver import REQUEST_TIMEOUT, ApiFailure, ApiRefused, ApiServer
+from plugin.serving.dra.apiserver import (
+    REQUEST_TIMEOUT,
+    ApiFailure,
+    ApiRefused,
+    ApiServer,
+    NotFound,
+)
 from plugin.serving.dra.checkpoint import ClaimCheckpoint
 from plugin.serving.dra.claim_cdi import ClaimSpecs, accelerator_env
 from plugin.serving.dra.claim_status import ClaimStatusReporter
@@ -61,9 +67,9 @@ CHECKPOINT_FILE = "claims.jsonl"
 CONNECT_RETRY_INITIAL = 0.2
 CONNECT_RETRY_MAX = 30.0
 CLAIM_CHECK_TIMEOUT = 2.0
-CLAIM_CHECK_CONCURRENCY = 32
 """How long the API server may take to say whether a recorded claim still holds its devices
 (the node moving back to the device plugin waits for it): beyond, the claim counts as held."""
+CLAIM_CHECK_CONCURRENCY = 32
 
 
 @dataclass(frozen=True)
@@ -95,9 +101,11 @@ async def _claim_in_use(api: ApiServer, ref: ClaimRef) -> bool:
     """Whether claim ``ref`` (by UID) is still allocated and reserved for a pod."""
     try:
         obj = await api.get_claim(ref.namespace, ref.name)
-    except ApiFailure as failure:
-        return failure.status != 404
-    except Exception:  # an answer it cannot read: fail safe, the device stays held
+    except NotFound as failure:
+        # Gone only when the claim is: a version the server stopped serving says nothing of
+        # the claim, and releasing its devices then could hand them out twice.
+        return failure.unserved
+    except Exception:  # refused, down, an answer it cannot read: the device stays held
         return True
     if ref.uid and obj.get("metadata", {}).get("uid") not in (None, ref.uid):
         return False
@@ -388,7 +396,7 @@ class DraDriver:
             if api is None:
                 return True
             try:
-                async with asyncio.timeout(CLAIM_CHECK_TIMEOUT), reads:
+                async with reads, asyncio.timeout(CLAIM_CHECK_TIMEOUT):  # queued: no clock
                     return await _claim_in_use(api, ref)
             except TimeoutError:
                 return True  # the server is slow to tell: the claim still holds its devices
