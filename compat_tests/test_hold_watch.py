@@ -7,16 +7,15 @@ import contextlib
 
 from api_versions.podresources import Listing
 from compat_tests.kubelet.podresources import NodePods, PodContainer, PodResourcesServer
-from plugin.model.held import DEVICE_PLUGIN, Held, held_through_device_plugin
+from plugin.model.held import DEVICE_PLUGIN, Held, still_held_through_device_plugin
 from plugin.serving.holds import HoldWatch
 
 RESOURCE = "b-com.com/accelerator"
 
 
 async def compute(listing: Listing | None, before: Held) -> Held:
-    if listing is None:
-        return before
-    return held_through_device_plugin(listing, {RESOURCE}, {"a", "b"})
+    """What the driver computes for its node (the rule under test), for these two devices."""
+    return still_held_through_device_plugin(listing, before, {RESOURCE}, {"a", "b"})
 
 
 async def test_a_kubelet_restarting_while_a_device_is_held_keeps_it_held(sockdir):

@@ -9,6 +9,7 @@ import pytest
 
 from api_versions.claim_status import MAX_DATA, status_apply
 from compat_tests.apiserver import validate
+from compat_tests.dra_support import until
 from plugin.model.devices import Device, DeviceNode, DeviceSet, Health
 from plugin.serving.dra.apiserver import ApiRefused, ApiUnavailable, NotFound
 from plugin.serving.dra.claim_status import ClaimStatusReporter
@@ -93,12 +94,6 @@ class Server:
         self.written.append(reports)
 
 
-async def until(condition, what: str) -> None:
-    for _ in range(2000):
-        if condition():
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError(f"not within 10 s: {what}")
 
 
 async def test_refusals_are_said_once_retried_and_prepare_never_waits(caplog):

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from compat_tests.dra_support import until
 from plugin.model.devices import Device, DeviceSet, Health
 from plugin.process import events
 from plugin.process.events import (
@@ -181,12 +182,6 @@ class Sink:
             raise self.fail
 
 
-async def until(condition: Any, what: str) -> None:
-    for _ in range(2000):
-        if condition():
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError(what)
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ import pytest
 from plugin.cli import config
 from plugin.process.dra_side import NodeApi
 from plugin.process.liveness import Heartbeat, Verdict
-from plugin.process.probe_server import ProbeServer, bind, on_loop
+from plugin.process.probe_server import THREAD_NAME, ProbeServer, bind, on_loop
 from plugin.process.readiness import dra_readiness, node_readiness
 
 DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -148,10 +148,11 @@ def test_close_ends_the_accepting_thread_and_frees_the_port() -> None:
     port = probes.port
     probes.start(lambda: Verdict(True, "fine"), lambda: Verdict(True, "fine"))
     assert get(port, "/livez")[0] == 200
+    assert [t for t in threading.enumerate() if t.name == THREAD_NAME]
     started = time.monotonic()
     probes.close()
     assert time.monotonic() - started < 2, "the accepting thread blocks; close must wake it"
-    assert not [t for t in threading.enumerate() if t.name == "probe server"]
+    assert not [t for t in threading.enumerate() if t.name == THREAD_NAME]
     bind("127.0.0.1", port).close()  # free again
 
 
@@ -166,10 +167,12 @@ def test_a_port_taken_or_an_unknown_address_raises_oserror() -> None:
 
 
 def test_ipv6_addresses_are_served() -> None:
-    try:
-        probes = bind("::1", 0)
+    try:  # the machine's own IPv6 loopback, asked without the code under test
+        with socket.socket(socket.AF_INET6) as plain:
+            plain.bind(("::1", 0))
     except OSError:
         pytest.skip("no IPv6 loopback here")
+    probes = bind("::1", 0)
     try:
         probes.start(lambda: Verdict(True, "fine"), lambda: Verdict(True, "fine"))
         with DIRECT.open(f"http://[::1]:{probes.port}/livez", timeout=10) as reply:

@@ -62,6 +62,17 @@ def nothing(api: str) -> Held:
     return Held(api, {})
 
 
+def still_held_through_device_plugin(listing: Listing | None, before: Held,
+                                     resources: Collection[str],
+                                     device_ids: Collection[str]) -> Held:
+    """What the device plugin holds after one read of PodResources: from ``listing``, or,
+    when it could not be read (None), what was held ``before``. A failed read never releases
+    a device: the kubelet restarting says nothing about the pods still running."""
+    if listing is None:
+        return before
+    return held_through_device_plugin(listing, resources, device_ids)
+
+
 def held_through_device_plugin(listing: Listing, resources: Collection[str],
                                device_ids: Collection[str]) -> Held:
     """This plugin's devices (``device_ids`` of ``resources``) that containers hold through

@@ -37,9 +37,9 @@ from plugin.model.feed import DeviceFeed
 from plugin.model.held import (
     DEVICE_PLUGIN,
     Held,
-    held_through_device_plugin,
     held_through_dra,
     nothing,
+    still_held_through_device_plugin,
 )
 from plugin.process import metrics
 from plugin.serving.dra.apiserver import (
@@ -361,10 +361,8 @@ class DraDriver:
             return None
 
         async def compute(listing: Listing | None, before: Held) -> Held:
-            if listing is None:
-                return before  # unreadable: what was held stays held (nothing at first)
-            return held_through_device_plugin(listing, set(self._resources()),
-                                              set(self.feed.current.ids))
+            return still_held_through_device_plugin(listing, before, set(self._resources()),
+                                                    set(self.feed.current.ids))
 
         watch = HoldWatch(socket, DEVICE_PLUGIN, compute, self._holds_changed, self._say_held)
         self._holds_changed(await watch.first())
