@@ -56,6 +56,18 @@ class ApiFailure(Exception):
         priority and fairness, some 503s), None when it did not say."""
 
 
+BACKOFF_INITIAL = 0.2
+BACKOFF_MAX = 30.0
+"""The back-off of the driver's loops that talk to the API server: from 0.2 s, doubling,
+to 30 s, as client-go's."""
+
+
+def retry_pause(delay: float, retry_after: float | None, longest: float) -> float:
+    """The back-off ``delay``, or the server's ``Retry-After`` (429 from priority and
+    fairness, some 503s) when it asks for longer, never beyond ``longest``."""
+    return min(max(delay, retry_after or 0.0), longest)
+
+
 class ApiUnavailable(ApiFailure):
     """Down, slow, overloaded or failing: worth trying again later."""
 
@@ -395,6 +407,19 @@ def _plain(obj: Any) -> dict[str, Any]:
 
 
 __all__: Sequence[str] = (
-    "NODES", "ApiFailure", "ApiRefused", "ApiServer", "ApiUnavailable", "Conflict", "Gone",
-    "NoResourceApi", "NotFound", "load_config", "new_client", "translate",
+    "BACKOFF_INITIAL",
+    "BACKOFF_MAX",
+    "NODES",
+    "ApiFailure",
+    "ApiRefused",
+    "ApiServer",
+    "ApiUnavailable",
+    "Conflict",
+    "Gone",
+    "NoResourceApi",
+    "NotFound",
+    "load_config",
+    "new_client",
+    "retry_pause",
+    "translate",
 )

@@ -31,7 +31,14 @@ from typing import Any
 
 from plugin.model.devices import Device, DeviceSet
 from plugin.process import metrics
-from plugin.serving.dra.apiserver import ApiFailure, ApiRefused, Conflict, NotFound, translate
+from plugin.serving.dra.apiserver import (
+    ApiFailure,
+    ApiRefused,
+    Conflict,
+    NotFound,
+    retry_pause,
+    translate,
+)
 from plugin.serving.dra.claims_model import ClaimRef, DeviceCondition, DeviceStatusReport
 from plugin.serving.dra.health import HealthState, health_of
 from plugin.serving.dra.prepared import PreparedClaim, PreparedDevice, describe
@@ -188,7 +195,7 @@ class ClaimStatusReporter:
                 if pause < 0:
                     return  # given up on this claim
                 known.wanted = True
-                await asyncio.sleep(min(max(delay, pause), self._backoff_max))
+                await asyncio.sleep(retry_pause(delay, pause, self._backoff_max))
                 delay = min(delay * 2, self._backoff_max)
         finally:
             known.task = None

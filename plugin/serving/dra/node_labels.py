@@ -22,12 +22,18 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from plugin.serving.dra.apiserver import ApiFailure, ApiServer, ApiUnavailable, Gone
+from plugin.serving.dra.apiserver import (
+    BACKOFF_INITIAL,
+    BACKOFF_MAX,
+    ApiFailure,
+    ApiServer,
+    ApiUnavailable,
+    Gone,
+    retry_pause,
+)
 
 log = logging.getLogger(__name__)
 
-BACKOFF_INITIAL = 0.2
-BACKOFF_MAX = 30.0
 WATCH_LIFETIME = 300.0
 """Seconds one watch is followed before it is made anew from a list (as the slice watch)."""
 READ_TIMEOUT = 2.0
@@ -76,7 +82,7 @@ class NodeLabelWatch:
                 if self._problem is not None:
                     log.info("node %s: its labels are watched again", self.node)
                     self._problem = None
-                delay = BACKOFF_INITIAL
+                delay, self._retry_after = BACKOFF_INITIAL, None
                 try:
                     async with asyncio.timeout(WATCH_LIFETIME):
                         async for kind, obj in api.watch_node(self.node, version):
@@ -95,7 +101,7 @@ class NodeLabelWatch:
                 if what != unexpected:
                     log.error("node %s: watching its labels failed", self.node, exc_info=exc)
                     unexpected = what
-            await asyncio.sleep(_pause(delay, self._retry_after, self._backoff_max))
+            await asyncio.sleep(retry_pause(delay, self._retry_after, self._backoff_max))
             delay = min(delay * 2, self._backoff_max)
 
     async def read(self) -> Labels | None:
@@ -134,7 +140,3 @@ class NodeLabelWatch:
         log.warning("node %s: cannot follow its labels: %s%s; deciding between the device "
                     "plugin and DRA with %s, and trying again with back-off", self.node,
                     failure, missing, held)
-
-
-def _pause(delay: float, retry_after: float | None, longest: float) -> float:
-    return min(max(delay, retry_after or 0.0), longest)

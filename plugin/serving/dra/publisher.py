@@ -38,15 +38,22 @@ from api_versions.k8s_objects import (
 )
 from api_versions.resource_slices import dropped_taints
 from plugin.process import metrics
-from plugin.serving.dra.apiserver import ApiFailure, ApiRefused, ApiServer, Conflict, Gone
+from plugin.serving.dra.apiserver import (
+    BACKOFF_INITIAL,
+    BACKOFF_MAX,
+    ApiFailure,
+    ApiRefused,
+    ApiServer,
+    Conflict,
+    Gone,
+    retry_pause,
+)
 
 log = logging.getLogger(__name__)
 
 Build = Callable[[str, int, str, bool], list[KubeObject]]
 """``(resource.k8s.io version, pool generation, node UID, taints kept)`` -> the slices, unnamed."""
 
-BACKOFF_INITIAL = 0.2
-BACKOFF_MAX = 30.0
 WATCH_LIFETIME = 300.0
 """Seconds one slice watch is followed before it is made anew from a list (the Go
 reflector asks the server to end its watches after 5 to 10 minutes for the same reason)."""
@@ -144,7 +151,7 @@ class SlicePublisher:
                 self._say(failure, f"cannot publish the devices of {self.node}: {failure}; "
                           "retrying", logging.WARNING)
                 self._node_uid = None if failure.status in (404, None) else self._node_uid
-                await asyncio.sleep(_pause(delay, failure, self._backoff_max))
+                await asyncio.sleep(retry_pause(delay, failure.retry_after, self._backoff_max))
                 delay = min(delay * 2, self._backoff_max)
                 self._wanted.set()
                 continue
@@ -245,7 +252,7 @@ class SlicePublisher:
                 continue
             except ApiFailure as failure:
                 log.debug("slice watch: %s; watching again in %.1f s", failure, delay)
-                await asyncio.sleep(_pause(delay, failure, self._backoff_max))
+                await asyncio.sleep(retry_pause(delay, failure.retry_after, self._backoff_max))
                 delay = min(delay * 2, self._backoff_max)
                 continue
             except Exception as exc:  # a bug must not leave the slices unwatched for good
@@ -294,9 +301,3 @@ class SlicePublisher:
         if state != self._state:
             self._state = state
             log.log(level, message)
-
-
-def _pause(delay: float, failure: ApiFailure, longest: float) -> float:
-    """The back-off ``delay``, or the server's ``Retry-After`` (429 from priority and
-    fairness, some 503s) when it asks for longer, never beyond ``longest``."""
-    return min(max(delay, failure.retry_after or 0.0), longest)
