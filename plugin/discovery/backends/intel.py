@@ -258,6 +258,7 @@ class IntelBackend:
         attributes = {
             "driver": card.layout.driver,
             "port": port.name,
+            "port_number": str(entry.number),
             "pci_address": function.bdf,
         }
         if function.vendor:
