@@ -53,6 +53,7 @@ def test_ports_carry_numa_node_and_discovery_facts(intel_node: FakeNode) -> None
         "card": "DSC_1_X",
         "driver": "intel-fpga",
         "port": "intel-fpga-port.0",
+        "port_number": "0",
         "pci_address": "0000:5e:00.0",
         "fme_node": "/dev/intel-fpga-fme.0",
     }
