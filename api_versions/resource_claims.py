@@ -19,10 +19,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from api_versions.resource_versions import api_version, check_known
-from plugin.serving.dra.claims_model import AllocationResult, ClaimAllocation, ClaimRef
+from plugin.serving.dra.claims_model import (
+    AllocationResult,
+    ClaimAllocation,
+    ClaimRef,
+    DeviceConfig,
+)
 
 KIND = "ResourceClaim"
 RESULT_FIELDS = ("request", "driver", "pool", "device")
+CONFIG_SOURCES = ("FromClass", "FromClaim")
 
 
 class _Reader:
@@ -85,9 +91,10 @@ def parse_claim(version: str, obj: Mapping[str, Any]) -> ClaimAllocation:
     if allocation is None:
         return ClaimAllocation(ref=ref, allocated=False)
     devices = reader.optional(allocation.get("devices"), "status.allocation.devices")
+    configs = _configs(reader, devices)
     entries = devices.get("results") if devices is not None else None
     if entries is None:
-        return ClaimAllocation(ref=ref, allocated=True)
+        return ClaimAllocation(ref=ref, allocated=True, configs=configs)
     if not isinstance(entries, list):
         raise reader.fail("status.allocation.devices.results", "expected a list")
     results = []
@@ -100,4 +107,34 @@ def parse_claim(version: str, obj: Mapping[str, Any]) -> ClaimAllocation:
             raise reader.fail(f"{path}.request", f"{values['request']!r} is neither "
                               "<request> nor <request>/<subrequest>")
         results.append(AllocationResult(**values))
-    return ClaimAllocation(ref=ref, allocated=True, results=tuple(results))
+    return ClaimAllocation(ref=ref, allocated=True, results=tuple(results), configs=configs)
+
+
+def _configs(reader: _Reader, devices: Mapping[str, Any] | None) -> tuple[DeviceConfig, ...]:
+    """``status.allocation.devices.config[]`` (``DeviceAllocationConfiguration``, alike in
+    v1, v1beta2 and v1beta1): opaque entries only, as a driver can use no other kind.
+    Parameters stay the object the server stored; the driver that owns them checks them."""
+    entries = devices.get("config") if devices is not None else None
+    if entries is None:
+        return ()
+    if not isinstance(entries, list):
+        raise reader.fail("status.allocation.devices.config", "expected a list")
+    configs = []
+    for index, entry in enumerate(entries):
+        path = f"status.allocation.devices.config[{index}]"
+        config = reader.mapping(entry, path)
+        source = config.get("source")
+        if source not in CONFIG_SOURCES:
+            raise reader.fail(f"{path}.source", f"{source!r} is not one of "
+                              f"{', '.join(CONFIG_SOURCES)}")
+        requests = config.get("requests") or []
+        if not isinstance(requests, list) or not all(isinstance(r, str) and r
+                                                      for r in requests):
+            raise reader.fail(f"{path}.requests", "expected a list of request names")
+        opaque = reader.optional(config.get("opaque"), f"{path}.opaque")
+        if opaque is None:
+            continue
+        configs.append(DeviceConfig(source=source, requests=tuple(requests),
+                                    driver=reader.text(opaque, "driver", f"{path}.opaque"),
+                                    parameters=opaque.get("parameters")))
+    return tuple(configs)

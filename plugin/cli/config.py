@@ -19,14 +19,17 @@ from typing import Any, NoReturn
 
 from api_versions.retry import RetryPolicy
 from plugin.cli.sources import CONFIG_KEY, UNSET, Option, Origin, SettingError, resolve
-from plugin.model.programming import PROGRAMMING_MODES
+from plugin.model.programming import INTEL_LOADERS, PROGRAMMING_MODES
 from plugin.model.resource_names import dns_subdomain_problem, resource_name_problem
+from plugin.programming.library import DEFAULT_MAX_BYTES
 from plugin.serving.cdi import DEFAULT_SPEC_DIR
 from plugin.serving.cdi import STRATEGIES as CDI_STRATEGIES
 from plugin.serving.deviceplugin.channels import DEFAULT_REGISTRY
 from plugin.serving.deviceplugin.channels import MODES as REGISTRATION_MODES
 from plugin.version import VERSION
 
+DEFAULT_PROGRAM_TIMEOUT = 120.0
+DEFAULT_IMAGE_LIBRARY = Path("/var/lib/accelerator-images")
 ENV_PREFIX = "ACCELERATOR_DP_"
 DEFAULT_DIR = Path("/var/lib/kubelet/device-plugins")
 DEFAULT_RESOURCE = "b-com.com/accelerator"
@@ -90,10 +93,25 @@ class Settings:
     events: str = "auto"
     """``auto``: Kubernetes Events where the process has API access (``--api dra|auto``)."""
     programming: str = "off"
-    """``on``: devices with a loader on this node are published (and shown) programmable."""
+    """``on``: a claim's function is loaded onto devices that do not hold it (DRA), and
+    devices with a loader on this node are published (and shown) programmable."""
+    image_library: Path = DEFAULT_IMAGE_LIBRARY
+    image_max_bytes: int = DEFAULT_MAX_BYTES
+    intel_loader: str = "ioctl"
+    fpgaconf: Path = Path("/usr/bin/fpgaconf")
+    xbutil: Path = Path("/opt/xilinx/xrt/bin/xbutil")
+    fpga_load_local_image: Path = Path("/usr/bin/fpga-load-local-image")
+    fpga_describe_local_image: Path = Path("/usr/bin/fpga-describe-local-image")
+    program_timeout: float = DEFAULT_PROGRAM_TIMEOUT
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     origins: tuple[Origin, ...] = ()
     """Each setting not at its default and where it came from, for the start-up line."""
+
+
+def dra_state_dir(settings: Settings) -> Path:
+    """Where the DRA driver keeps its state: ``--dra-state-dir`` or the kubelet's plugin
+    directory for the driver's name."""
+    return settings.dra_state_dir or KUBELET_PLUGINS_DIR / settings.dra_driver_name
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -143,6 +161,7 @@ HEALTH_INTERVAL = Seconds(0.05, 60)
 TIMEOUT = Seconds(0.1, 300)
 BACKOFF = Seconds(0.01, 300)
 MAX_AGE = Seconds(1, 86400)
+PROGRAM_TIMEOUT = Seconds(1, 3600)
 
 
 def _count(text: str) -> int:
@@ -152,6 +171,16 @@ def _count(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if not 0 <= value <= 4096:
         raise argparse.ArgumentTypeError(f"{text!r} must be between 0 and 4096")
+    return value
+
+
+def _byte_count(text: str) -> int:
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of bytes") from None
+    if not 4096 <= value <= 1 << 40:
+        raise argparse.ArgumentTypeError(f"{text!r} must be between 4096 and {1 << 40}")
     return value
 
 
@@ -278,11 +307,31 @@ def _add_node_flags(parser: OneLineParser) -> None:
 
 def _add_programming_flag(parser: OneLineParser) -> None:
     """Shared by ``serve`` and ``discover``, so ``discover`` answers as the daemon would."""
-    _EnvDefaults(parser).add(
-        "--programming", default="off", choices=PROGRAMMING_MODES,
-        help="on: DRA devices that can take another function on this node (an Intel port "
-             "whose card's FME node exists) are published with programmable true; off: "
-             "every device is published programmable false (Alveo and AWS always are)")
+    env = _EnvDefaults(parser)
+    env.add("--programming", default="off", choices=PROGRAMMING_MODES,
+            help="on (DRA): a device whose claim's configuration names a function it does "
+                 "not hold is loaded with it at prepare, and devices a loader here can "
+                 "program are published programmable true; off: nothing is ever loaded, "
+                 "and a claim whose device lacks its function is refused")
+    env.add("--image-library", default=DEFAULT_IMAGE_LIBRARY, convert=Path,
+            help="the directory of image files (GBS, xclbin) claims may name; nothing "
+                 "outside it is ever read")
+    env.add("--image-max-bytes", default=DEFAULT_MAX_BYTES, convert=_byte_count,
+            help="largest image file accepted")
+    env.add("--intel-loader", default="ioctl", choices=INTEL_LOADERS,
+            help="how Intel ports are programmed: ioctl (the FME's port-PR ioctl, no tool "
+                 "needed) or fpgaconf (OPAE's tool, at --fpgaconf)")
+    env.add("--fpgaconf", default=Path("/usr/bin/fpgaconf"), convert=Path,
+            help="OPAE's fpgaconf (with --intel-loader fpgaconf)")
+    env.add("--xbutil", default=Path("/opt/xilinx/xrt/bin/xbutil"), convert=Path,
+            help="XRT's xbutil, which loads xclbins onto Alveo cards")
+    env.add("--fpga-load-local-image", default=Path("/usr/bin/fpga-load-local-image"),
+            convert=Path, help="the AWS FPGA SDK's fpga-load-local-image")
+    env.add("--fpga-describe-local-image", default=Path("/usr/bin/fpga-describe-local-image"),
+            convert=Path, help="the AWS FPGA SDK's fpga-describe-local-image")
+    env.add("--program-timeout", default=DEFAULT_PROGRAM_TIMEOUT, convert=PROGRAM_TIMEOUT,
+            help="seconds one load may take, until the device reports its new function "
+                 f"({PROGRAM_TIMEOUT.describe()})")
 
 
 def _add_common_flags(parser: OneLineParser) -> None:

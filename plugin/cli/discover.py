@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from plugin.cli.sources import Origin, describe
 from plugin.model.devices import Device
-from plugin.model.programming import programmable
+from plugin.model.programming import WhyNot, never_why
 
 COLUMNS = ("ID", "BACKEND", "DRIVER", "NODE", "NUMA", "LOADED", "PROGRAMMABLE", "HEALTH",
            "WHY")
@@ -26,12 +26,12 @@ NONE = "-"
 
 
 def render_table(devices: Sequence[Device], origins: Sequence[Origin] = (),
-                 programming: bool = False) -> str:
+                 why_not: WhyNot = never_why) -> str:
     """Aligned columns, one line per device; a line saying so when there are none.
 
     A last line, after a blank one, names the settings given and where from, if any were.
     """
-    rows = [_cells(d, programming) for d in devices]
+    rows = [_cells(d, why_not) for d in devices]
     widths = [max(len(r[i]) for r in [COLUMNS, *rows]) for i in range(len(COLUMNS))]
 
     def line(cells: Sequence[str]) -> str:
@@ -45,12 +45,12 @@ def render_table(devices: Sequence[Device], origins: Sequence[Origin] = (),
     return "\n".join(lines)
 
 
-def render_json(devices: Sequence[Device], programming: bool = False) -> str:
+def render_json(devices: Sequence[Device], why_not: WhyNot = never_why) -> str:
     """One object per device, with every attribute discovery kept."""
-    return json.dumps([_record(d, programming) for d in devices], indent=2)
+    return json.dumps([_record(d, why_not) for d in devices], indent=2)
 
 
-def _cells(device: Device, programming: bool) -> tuple[str, ...]:
+def _cells(device: Device, why_not: WhyNot) -> tuple[str, ...]:
     return (
         device.id,
         device.backend,
@@ -58,7 +58,7 @@ def _cells(device: Device, programming: bool) -> tuple[str, ...]:
         ",".join(n.host_path for n in device.nodes) or NONE,
         NONE if device.numa_node is None else str(device.numa_node),
         loaded(device) or NONE,
-        "yes" if programmable(device, programming) else "no",
+        "no" if why_not(device) else "yes",
         device.health.value,
         device.health_reason or NONE,
     )
@@ -79,7 +79,8 @@ def loaded(device: Device) -> str:
     return ""
 
 
-def _record(device: Device, programming: bool) -> dict[str, object]:
+def _record(device: Device, why_not: WhyNot) -> dict[str, object]:
+    reason = why_not(device)
     return {
         "id": device.id,
         "backend": device.backend,
@@ -93,7 +94,8 @@ def _record(device: Device, programming: bool) -> dict[str, object]:
         "afu_id": device.attribute("afu_id") or None,
         "shell": device.attribute("shell") or None,
         "xclbin_uuid": device.attribute("xclbin_uuid") or None,
-        "programmable": programmable(device, programming),
+        "programmable": reason is None,
+        "not_programmable_because": reason,
         "health": device.health.value,
         "health_reason": device.health_reason or None,
         "attributes": device.attrs,

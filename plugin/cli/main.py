@@ -96,17 +96,19 @@ def discover(settings: Settings) -> int:
     from plugin.cli.discover import render_json, render_table
     from plugin.cli.sources import describe
     from plugin.discovery.monitor import DeviceMonitor
+    from plugin.programming.setup import why_not_programmable
 
     backend = _backend(settings)
     devices = list(asyncio.run(DeviceMonitor(backend, rescan_interval=1.0).scan()))
+    why_not = why_not_programmable(settings)
     if settings.json_output:
         # stdout stays the device list scripts parse (as in 0.1.0); where the settings came
         # from is for the person running it, on stderr.
-        print(render_json(devices, settings.programming == "on"))
+        print(render_json(devices, why_not))
         if settings.origins:
             print(describe(settings.origins), file=sys.stderr)
     else:
-        print(render_table(devices, settings.origins, settings.programming == "on"))
+        print(render_table(devices, settings.origins, why_not))
     return 0
 
 

@@ -1,31 +1,42 @@
-"""Whether a device can be given another function on this node: one rule for every reader.
+"""Whether a device can be given another function on this node: the words every reader shares.
 
-``--programming on`` is the operator's consent; the device must also offer a way in. Today
-that is an Intel partial-reconfiguration region whose FPGA Management Engine has a device
-node (``/dev/dfl-fme.N`` or ``/dev/intel-fpga-fme.N``: the port-PR ioctl goes through it),
-which discovery records as the ``fme_node`` fact. Alveo cards and AWS slots are loaded by
-vendor tools (XRT's ``xbutil``, the FPGA SDK's ``fpga-load-local-image``) that this driver
-does not run yet, so they are never programmable: a selector must not be told a device can
-take a function no loader here could give it. An SR-IOV virtual function has no FME of its
-own, so its port is not programmable either.
+``--programming on`` is the operator's consent; the device must also offer a way in, which
+its family's loader decides (``plugin.programming``): an Intel partial-reconfiguration region
+whose FPGA Management Engine has a device node (``/dev/dfl-fme.N`` or
+``/dev/intel-fpga-fme.N``: the port-PR ioctl goes through it, recorded by discovery as the
+``fme_node`` fact) or OPAE's ``fpgaconf``; an Alveo card with XRT's ``xbutil``; an AWS slot
+with the FPGA SDK's tools. An SR-IOV virtual function has no FME of its own, so its port is
+not programmable.
 
 The DRA inventory publishes the answer as the ``programmable`` attribute and ``discover``
-shows it, both through :func:`programmable`, so the two can never disagree.
+shows it, both through one :data:`Programmable` rule made by ``plugin.programming.setup``,
+so the two can never disagree.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from plugin.model.devices import Device
 
 PROGRAMMING_MODES = ("off", "on")
 """Values of ``--programming``."""
+INTEL_LOADERS = ("ioctl", "fpgaconf")
+"""Values of ``--intel-loader``."""
 FME_NODE = "fme_node"
 """Discovery fact: the host path of the FME device node of an Intel port's card."""
-PROGRAMMABLE_FAMILIES = ("intel",)
-"""Backends with a loader on this node (see the module docstring)."""
+
+Programmable = Callable[[Device], bool]
+"""Whether a device can be given another function on this node."""
+WhyNot = Callable[[Device], "str | None"]
+"""Why a device cannot be given another function on this node (None: it can)."""
+OFF = "programming is off on this node (--programming on enables it)"
 
 
-def programmable(device: Device, programming: bool) -> bool:
-    """True when programming is on and ``device`` has the way in its family needs."""
-    return (programming and device.backend in PROGRAMMABLE_FAMILIES
-            and bool(device.attribute(FME_NODE)))
+def never(device: Device) -> bool:
+    """The rule while programming is off: no device is programmable."""
+    return False
+
+
+def never_why(device: Device) -> str:
+    return OFF

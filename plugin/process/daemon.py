@@ -14,13 +14,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from api_versions.negotiate import KUBELET_SOCKET, adapters
-from plugin.cli.config import Settings, events_enabled
+from plugin.cli.config import Settings, dra_state_dir, events_enabled
 from plugin.cli.sources import describe
 from plugin.discovery.backends.base import Backend
 from plugin.discovery.monitor import DeviceMonitor, TriggerSource
@@ -36,6 +36,8 @@ from plugin.process.readiness import node_readiness
 from plugin.process.signals import Meaning, SignalRouter, name_of
 from plugin.process.supervise import MAX_DELAY, supervise
 from plugin.process.ticks import sleep_to_tick
+from plugin.programming.loaders.base import Loader
+from plugin.programming.quarantine import Quarantine
 from plugin.serving.cdi import CdiPolicy, SpecWriter
 from plugin.serving.deviceplugin.server import ResourceServer, Timing
 from plugin.version import VERSION
@@ -65,6 +67,9 @@ class Daemon:
     """True for the ``serve`` command: every signal is handled (see :mod:`plugin.process.signals`)
     and, once stopped, ignored until the process has exited. In-process users (tests, the
     demo) only lend their stop signals, and get their own handlers back afterwards."""
+    loaders: Mapping[str, Loader] | None = None
+    """Replaces the loaders ``--programming`` and its flags choose (in-process tests and
+    the demo put stand-ins for the kernel and vendor tools here)."""
     probes: ProbeServer | None = None
     """The probe port, bound before the daemon starts (``--probe-port``); answered from
     :meth:`run` on, closed when it returns."""
@@ -89,10 +94,18 @@ class Daemon:
             from plugin.process.node_events import NodeEvents
 
             self.node_events = NodeEvents.for_settings(self.settings)
+        self.quarantine = Quarantine(dra_state_dir(self.settings), self._quarantine_changed) \
+            if dra and self.settings.programming == "on" else None
+        """Devices a failed load left Unhealthy (see :mod:`plugin.programming.quarantine`)."""
+        self._republishing: set[asyncio.Task[None]] = set()
+        events = self.node_events
         self.dra_side = DraSide(self.settings, self._cdi, self._stop.is_set,
                                 self._withdraw_all, self._publish_again,
-                                moved=self.node_events.api_moved if self.node_events else None,
-                                held=self.node_events.held if self.node_events else None) \
+                                moved=events.api_moved if events else None,
+                                held=events.held if events else None,
+                                rescan=self._rescan, quarantine=self.quarantine,
+                                programmed=events.programmed if events else None,
+                                loaders=self.loaders) \
             if dra and self._cdi is not None else None
 
     @property
@@ -167,14 +180,15 @@ class Daemon:
         log.info("stopped; sockets removed")
         return 0
 
-    async def _publish(self, node: DeviceSet) -> None:
+    async def _publish(self, found: DeviceSet) -> None:
         if self._stop.is_set():
             return  # a scan that ends while stopping must not adopt a resource anew
+        self._last_node = found
+        node = found if self.quarantine is None else self.quarantine.apply(found)
         groups = group_by_resource(
             node, self.settings.resource_mode, self.settings.resource_name,
             self.settings.resource_prefix,
         )
-        self._last_node = node
         for name, devices in groups.items():
             metrics.devices(name, devices)
         for name in self._counted - groups.keys():
@@ -203,6 +217,13 @@ class Daemon:
         for name in list(self.resources):
             self._withdraw(name)
         await self._drain()
+
+    def _quarantine_changed(self) -> None:
+        """A device's failed load was recorded or cleared: every API hears of it now, not
+        at the next scan."""
+        task = asyncio.get_running_loop().create_task(self._publish_again())
+        self._republishing.add(task)
+        task.add_done_callback(self._republishing.discard)
 
     async def _publish_again(self) -> None:
         """The last device set published anew (the node moved back from DRA)."""

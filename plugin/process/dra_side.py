@@ -33,12 +33,15 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from api_versions.negotiate import KUBELET_SOCKET
-from plugin.cli.config import KUBELET_PLUGINS_DIR, Settings
+from plugin.cli.config import Settings, dra_state_dir
 from plugin.model.devices import DeviceSet
 from plugin.model.feed import DeviceFeed
 from plugin.model.held import DRA, Held, nothing
 from plugin.process.api_label import NO_LABEL, LabelReader, Override, Pin
 from plugin.process.supervise import supervise
+from plugin.programming.loaders.base import Loader
+from plugin.programming.programmer import Told
+from plugin.programming.quarantine import Quarantine
 from plugin.serving.cdi import CdiPolicy, SpecWriter
 from plugin.serving.holds import HoldWatch
 from plugin.serving.routing import FileIdentity, identity
@@ -76,8 +79,19 @@ class DraSide:
                  withdraw_device_plugin: Callable[[], Awaitable[None]],
                  republish: Callable[[], Awaitable[None]],
                  moved: Callable[[str, str, str], None] | None = None,
-                 held: Callable[[str], None] | None = None) -> None:
+                 held: Callable[[str], None] | None = None, *,
+                 rescan: Callable[[str], None] = lambda reason: None,
+                 quarantine: Quarantine | None = None,
+                 programmed: Told | None = None,
+                 loaders: Mapping[str, Loader] | None = None) -> None:
         self.settings = settings
+        self._rescan = rescan
+        """Asks discovery for a scan now (a load shows in the next one)."""
+        self.quarantine = quarantine or Quarantine(None)
+        self._programmed = programmed
+        """Told of each load (Events)."""
+        self._loaders = loaders
+        """Replaces the loaders the flags choose (in-process tests, the demo)."""
         self._moved = moved
         """Told (now, before, why) when ``auto`` moves the node from one API to the other."""
         self._held = held
@@ -128,6 +142,7 @@ class DraSide:
             await self._feed.publish(node)
 
     def _start(self, feed: DeviceFeed) -> None:
+        from plugin.programming.setup import programmer_for
         from plugin.serving.dra.driver import DraDriver, DriverPlace
 
         settings = self.settings
@@ -135,15 +150,16 @@ class DraSide:
         place = DriverPlace(
             driver=settings.dra_driver_name, node=settings.node_name,
             registry_dir=settings.plugins_registry_dir,
-            state_dir=settings.dra_state_dir or KUBELET_PLUGINS_DIR / settings.dra_driver_name,
+            state_dir=dra_state_dir(settings),
             cdi_dir=settings.cdi_spec_dir, kubeconfig=settings.kubeconfig,
             request_timeout=settings.api_request_timeout,
             chosen_per_kubelet=settings.api == "auto",
             kubelet_socket=settings.device_plugin_dir / KUBELET_SOCKET,
-            pod_resources_socket=settings.pod_resources_socket,
-            programming=settings.programming == "on")
+            pod_resources_socket=settings.pod_resources_socket)
+        programmer = programmer_for(settings, self.quarantine, lambda: feed.current,
+                                    self._rescan, self._programmed, self._loaders)
         self.driver = DraDriver(place, feed, self.cdi_ids, resources=lambda: self._resources,
-                                say_held=self._held)
+                                say_held=self._held, programmer=programmer)
         self._watch_label(settings.node_name)
         if settings.api == "dra":
             self._task = asyncio.create_task(

@@ -77,6 +77,21 @@ class _Prometheus:
             "served through now because running containers still hold them through the "
             "other one (api: the API holding them).", ["api"], namespace=NAMESPACE,
         )
+        self.dra_programming = prom.Counter(
+            "dra_programming", "Devices of prepared claims that needed a function, by "
+            "result: skipped (held already), loaded, failed (the load or the wait for the "
+            "device to report it), refused (wrong image, not programmable, held by another "
+            "claim).", ["driver", "family", "loader", "result"], namespace=NAMESPACE,
+        )
+        self.dra_programming_seconds = prom.Histogram(
+            "dra_programming_seconds", "Time from the decision to load a function until the "
+            "device reported it, for loads that succeeded.", ["driver", "family", "loader"],
+            namespace=NAMESPACE, buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300),
+        )
+        self.devices_quarantined = prom.Gauge(
+            "devices_load_failed", "Devices reported Unhealthy because a load onto them "
+            "failed, until a load succeeds.", [], namespace=NAMESPACE,
+        )
         build_info = prom.Gauge(
             "build_info", "Always 1; the labels say which build runs: its version and the "
             "Python it runs on.", ["version", "python"], namespace=NAMESPACE,
@@ -190,3 +205,18 @@ def devices_held(api: str, count: int) -> None:
     while the node serves through the other one."""
     if _active is not None:
         _active.devices_held.labels(api).set(count)
+
+
+def dra_programming(driver: str, family: str, loader: str, result: str,
+                    seconds: float) -> None:
+    """One device of a prepared claim that named a function (see ``dra_programming``)."""
+    if _active is not None:
+        _active.dra_programming.labels(driver, family, loader, result).inc()
+        if result == "loaded":
+            _active.dra_programming_seconds.labels(driver, family, loader).observe(seconds)
+
+
+def devices_load_failed(count: int) -> None:
+    """How many devices a failed load left Unhealthy now."""
+    if _active is not None:
+        _active.devices_quarantined.set(count)

@@ -16,6 +16,10 @@ reason                    type     when
 ``DevicesHeldAcrossMove`` Warning  after a move, devices running containers still hold
                                    through the other API (named with their pods or
                                    claims) are kept out of the new one until released
+``FunctionLoaded``        Normal   a claim's function was loaded onto a device (what,
+                                   by which loader, how long, for which claim)
+``FunctionLoadFailed``    Warning  loading it failed, with the step and the kernel's or
+                                   tool's message
 ========================  =======  ================================================
 
 The recording itself (aggregation, rate limit, the queue that never blocks) is
@@ -55,8 +59,11 @@ UNHEALTHY = "DeviceUnhealthy"
 HEALTHY = "DeviceHealthy"
 API_CHANGED = "ServingAPIChanged"
 HELD = "DevicesHeldAcrossMove"
+LOADED = "FunctionLoaded"
+LOAD_FAILED = "FunctionLoadFailed"
 HEALTH_ACTION = "CheckHealth"
 API_ACTION = "ChooseServingAPI"
+PROGRAM_ACTION = "LoadFunction"
 
 
 def health_changes(previous: DeviceSet | None, groups: Mapping[str, DeviceSet]
@@ -160,3 +167,9 @@ class NodeEvents:
 
     def held(self, message: str) -> None:
         self.recorder.record(devices_held(message))
+
+    def programmed(self, device_id: str, claim: str, kind: str, message: str) -> None:
+        """A load onto ``device_id`` for ``claim`` (``kind``: FunctionLoaded or
+        FunctionLoadFailed)."""
+        self.recorder.record(Occurrence(NORMAL if kind == LOADED else WARNING, kind,
+                                        PROGRAM_ACTION, f"Device {device_id}: {message}"))

@@ -32,6 +32,25 @@ class AllocationResult:
 
 
 @dataclass(frozen=True, slots=True)
+class DeviceConfig:
+    """One opaque configuration of ``status.allocation.devices.config[]``: ``source`` is
+    ``FromClass`` (the scheduler copied it from a DeviceClass) or ``FromClaim``; it applies to
+    the ``requests`` named (``<request>`` covers its subrequests; empty: every request).
+    ``parameters`` is the driver's own object, left as the API server stored it."""
+
+    source: str
+    requests: tuple[str, ...]
+    driver: str
+    parameters: object
+
+    def applies_to(self, request: str) -> bool:
+        """Whether this configuration applies to result ``request`` (``<r>`` or ``<r>/<s>``)."""
+        if not self.requests:
+            return True
+        return request in self.requests or request.split("/", 1)[0] in self.requests
+
+
+@dataclass(frozen=True, slots=True)
 class ClaimAllocation:
     """A claim as read from the API server; ``results`` is empty when it is not allocated
     (``allocated`` tells the two apart from an allocation with no device of any driver)."""
@@ -39,10 +58,17 @@ class ClaimAllocation:
     ref: ClaimRef
     allocated: bool
     results: tuple[AllocationResult, ...] = ()
+    configs: tuple[DeviceConfig, ...] = ()
+    """In the server's order: every DeviceClass's first, then the claim's, so a later entry
+    overrides an earlier one for the same request."""
 
     def results_for(self, driver: str) -> tuple[AllocationResult, ...]:
         """The results this driver prepares; other drivers' devices are theirs."""
         return tuple(r for r in self.results if r.driver == driver)
+
+    def configs_for(self, driver: str, request: str) -> tuple[DeviceConfig, ...]:
+        """This driver's configurations that apply to result ``request``, in order."""
+        return tuple(c for c in self.configs if c.driver == driver and c.applies_to(request))
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,7 +41,9 @@ from plugin.model.held import (
     nothing,
     still_held_through_device_plugin,
 )
+from plugin.model.programming import never
 from plugin.process import metrics
+from plugin.programming.programmer import Programmer
 from plugin.serving.dra.apiserver import (
     REQUEST_TIMEOUT,
     ApiFailure,
@@ -93,8 +95,6 @@ class DriverPlace:
     """The kubelet's PodResources socket: devices containers still hold through the device
     plugin are published tainted, and prepared for no claim, until released (None: not
     asked, every device offered)."""
-    programming: bool = False
-    """``--programming on``: devices with a loader here are published ``programmable``."""
 
 
 async def _claim_in_use(api: ApiServer, ref: ClaimRef) -> bool:
@@ -125,8 +125,11 @@ class DraDriver:
     def __init__(self, place: DriverPlace, feed: DeviceFeed,
                  cdi_ids: Callable[[str], list[str]], api: ApiServer | None = None, *,
                  resources: Callable[[], Iterable[str]] = tuple,
-                 say_held: Callable[[str], None] | None = None) -> None:
+                 say_held: Callable[[str], None] | None = None,
+                 programmer: Programmer | None = None) -> None:
         self.place = place
+        self.programmer = programmer
+        """Loads the function a claim names (and says which devices can take one)."""
         self._resources = resources
         """The device plugin's resource names for these devices (what PodResources lists
         device-plugin devices under)."""
@@ -155,7 +158,8 @@ class DraDriver:
                 or self._pool_held is not self.held:
             held = {device_id: DEVICE_PLUGIN for device_id in self.held.devices}
             self._pool = pool_of(self.place.driver, self.place.node, devices, held=held,
-                                 programming=self.place.programming)
+                                 programmable=self.programmer.programmable
+                                 if self.programmer is not None else never)
             self._pool_devices = devices
             self._pool_held = self.held
         return self._pool
@@ -211,7 +215,7 @@ class DraDriver:
                     place.cdi_dir, place.driver,
                     lambda ids: accelerator_env(ids, self.feed.current)),
                 on_prepared=self._status.prepared, on_unprepared=self._status.unprepared,
-                held=self._held_by)
+                held=self._held_by, programmer=self.programmer)
             metrics.follow_dra_prepared_claims(place.driver, checkpoint.held)
             self._health = HealthBroadcaster(place.node, self.feed, self.device_names)
             self._follower = asyncio.create_task(self._follow_devices(),
@@ -412,6 +416,8 @@ class DraDriver:
 
     async def _follow_devices(self) -> None:
         async for _devices in self.feed.subscribe():
+            if self.programmer is not None:
+                self.programmer.devices_changed()
             if self.publisher is not None:
                 self.publisher.devices_changed()
             if self._status is not None:

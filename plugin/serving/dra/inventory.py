@@ -51,9 +51,10 @@ Attributes
     partition's logic UUID, 32 hex digits), ``interfaceUUID`` (the one interface UUID an
     xclbin is built against, when the shell lists exactly one) and ``xclbinUUID`` (the xclbin
     loaded now, 36 characters with dashes; absent when none is). Every device carries
-    ``programmable`` (bool): whether it can be given another function on this node, by
-    :func:`plugin.model.programming.programmable` (``--programming on`` and a loader for its
-    family: today an Intel port whose card's FME node exists). AWS publishes no shell version
+    ``programmable`` (bool): whether it can be given another function on this node
+    (``--programming on`` and a loader for its family that finds its way in: the FME node or
+    ``fpgaconf`` for an Intel port, ``xbutil`` for an Alveo card, the FPGA SDK's tools for an
+    AWS slot; see :mod:`plugin.model.programming`). AWS publishes no shell version
     and no AFI ID: both live only in the slot's mailbox (what ``fpga-describe-local-image``
     reads through the management function's BAR), never in sysfs.
     A value the server would refuse (a string
@@ -82,7 +83,7 @@ from functools import cached_property
 from types import MappingProxyType
 
 from plugin.model.devices import Device, DeviceSet
-from plugin.model.programming import programmable
+from plugin.model.programming import Programmable, never
 
 MAX_NAME = 63
 MAX_STRING_BYTES = 64
@@ -305,6 +306,7 @@ _HEALTH_CODES = (
     ("card in a bad state", "card-bad-state"),
     ("firewall tripped", "firewall-tripped"),
     ("image being loaded", "image-loading"),
+    ("load failed", "load-failed"),
     ("through its BAR0", "bar0-missing"),
     ("no renderD", "device-node-missing"),
     ("device node", "device-node-missing"),
@@ -336,9 +338,10 @@ def _integer(attributes: dict[str, AttributeValue], name: str, value: int | str 
         attributes[name] = AttributeValue.integer(value)
 
 
-def attributes_of(device: Device, programming: bool = False) -> dict[str, AttributeValue]:
-    """What a DeviceClass or a claim's CEL selector can see of ``device``; ``programming``
-    is ``--programming on``."""
+def attributes_of(device: Device, programmable: Programmable = never
+                  ) -> dict[str, AttributeValue]:
+    """What a DeviceClass or a claim's CEL selector can see of ``device``; ``programmable``
+    says whether it can be given another function here."""
     facts = device.attrs
     attributes: dict[str, AttributeValue] = {}
     _string(attributes, FAMILY, device.backend)
@@ -361,17 +364,18 @@ def attributes_of(device: Device, programming: bool = False) -> dict[str, Attrib
     _string(attributes, LOGIC_UUID, facts.get("logic_uuid"), _UUID_HEX)
     _string(attributes, INTERFACE_UUID, facts.get("interface_uuid"), _UUID_HEX)
     _string(attributes, XCLBIN_UUID, facts.get("xclbin_uuid"), _UUID)
-    attributes[PROGRAMMABLE] = AttributeValue.boolean(programmable(device, programming))
+    attributes[PROGRAMMABLE] = AttributeValue.boolean(programmable(device))
     return attributes
 
 
-def dra_device(device: Device, held_by: str = "", programming: bool = False) -> DraDevice:
+def dra_device(device: Device, held_by: str = "", programmable: Programmable = never
+               ) -> DraDevice:
     """``device`` as the pool lists it."""
     return DraDevice(
         held_by=held_by,
         name=device_name(device.id),
         device_id=device.id,
-        attributes=attributes_of(device, programming),
+        attributes=attributes_of(device, programmable),
         healthy=device.healthy,
         health_reason=device.health_reason,
         health_code="" if device.healthy else health_code(device.health_reason),
@@ -386,13 +390,13 @@ def _check_name(what: str, value: str, limit: int) -> None:
 
 def pool_of(driver: str, node_name: str, devices: DeviceSet,
             pool_name: str | None = None, held: Mapping[str, str] | None = None,
-            programming: bool = False) -> Pool:
+            programmable: Programmable = never) -> Pool:
     """The pool ``driver`` publishes for ``node_name``: every device of the snapshot.
 
     ``held``: device ID -> the API a running container still holds it through (see
     :attr:`DraDevice.held_by`). The pool is named after the node unless ``pool_name`` says
     otherwise, as the Go helper
-    names node-local pools. ``programming``: ``--programming on`` (see :data:`PROGRAMMABLE`).
+    names node-local pools. ``programmable``: the rule for :data:`PROGRAMMABLE`.
     Raises ValueError for a driver, node or pool name the server
     would refuse (a configuration mistake, better found before publishing), or if two IDs
     got one device name (which the naming rule makes all but impossible).
@@ -405,7 +409,7 @@ def pool_of(driver: str, node_name: str, devices: DeviceSet,
     for part in name.split("/"):
         _check_name("pool name part", part, MAX_POOL_NAME)
     held = held or {}
-    listed = tuple(dra_device(d, held.get(d.id, ""), programming) for d in devices)
+    listed = tuple(dra_device(d, held.get(d.id, ""), programmable) for d in devices)
     seen: dict[str, str] = {}
     for entry in listed:
         if entry.name in seen:

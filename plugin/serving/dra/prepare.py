@@ -39,6 +39,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from plugin.model.allocation import name_some
 from plugin.process import metrics
+from plugin.programming.function_config import NO_FUNCTIONS, ClaimFunctions, functions_of
+from plugin.programming.programmer import Programmer, ProgrammingRefused
 from plugin.serving.dra.checkpoint import CheckpointError, ClaimCheckpoint
 from plugin.serving.dra.claim_cdi import ClaimSpecs
 from plugin.serving.dra.claims_model import AllocationResult, ClaimAllocation, ClaimRef
@@ -96,7 +98,8 @@ class ClaimPreparer:
                  read_timeout: float = DEFAULT_READ_TIMEOUT,
                  on_prepared: Observer | None = None,
                  on_unprepared: Forget | None = None,
-                 held: Callable[[], Mapping[str, str]] = dict) -> None:
+                 held: Callable[[], Mapping[str, str]] = dict,
+                 programmer: Programmer | None = None) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, not {concurrency}")
         self.driver = driver
@@ -113,6 +116,9 @@ class ClaimPreparer:
         self._held = held
         """Device ID -> who still holds it through the device plugin (after a move to DRA):
         such a device is prepared for no claim until released."""
+        self.programmer = programmer
+        """Gives devices the function their claim's configuration names (None: a claim
+        that names one is refused)."""
 
     # -- prepare ---------------------------------------------------------------------------
 
@@ -153,8 +159,13 @@ class ClaimPreparer:
                 pending[ref.uid] = ref
         if not pending:
             return results
-        prepared = await self._prepare_all(list(pending.values()), timeout, results)
-        await self._record(prepared, results)
+        try:
+            prepared = await self._prepare_all(list(pending.values()), timeout, results)
+            await self._record(prepared, results)
+        finally:
+            if self.programmer is not None:
+                for uid in pending:
+                    self.programmer.claim_finished(uid)
         return results
 
     async def _again(self, known: PreparedClaim) -> ClaimResult:
@@ -211,12 +222,50 @@ class ClaimPreparer:
                           f"UID {allocation.ref.uid}, the kubelet asked for {ref.uid}")
         if not allocation.allocated:
             raise Refused(f"claim {describe(ref)} is not allocated")
-        devices = self._devices(ref, allocation.results_for(self.driver))
+        results = allocation.results_for(self.driver)
+        devices = self._devices(ref, results)
+        await self._program(ref, allocation, devices)
         spec = None
         if self.claim_specs is not None and devices:
             devices = self._with_env(ref.uid, devices)
             spec = self.claim_specs.file_name(ref.uid)  # written by _record
         return PreparedClaim(ref, devices, spec)
+
+    async def _program(self, ref: ClaimRef, allocation: ClaimAllocation,
+                       devices: tuple[PreparedDevice, ...]) -> None:
+        """Each device given the function its request's configuration names, if any."""
+        functions = self._functions(ref, allocation)
+        wanted = [(device, spec) for device in devices
+                  if (spec := functions.function_for(device.requests[0])) is not None]
+        if not wanted:
+            return
+        programmer = self.programmer
+        if programmer is None:
+            raise Refused(f"claim {describe(ref)} names a function to load, and this driver "
+                          "does not program devices")
+        programmer.claim_started(ref.uid, [device.device_id for device, _ in wanted])
+        for device, spec in wanted:
+            try:
+                await programmer.ensure(describe(ref), ref.uid, device.device_id, spec,
+                                        lambda device_id: self._holders(ref.uid, device_id))
+            except ProgrammingRefused as refusal:
+                raise Refused(f"claim {describe(ref)}: {refusal}") from None
+
+    def _functions(self, ref: ClaimRef, allocation: ClaimAllocation) -> ClaimFunctions:
+        mine = [(c.source, c.requests, c.parameters) for c in allocation.configs
+                if c.driver == self.driver]
+        if not mine:
+            return NO_FUNCTIONS
+        try:
+            return functions_of(self.driver, mine)
+        except ValueError as exc:
+            raise Refused(f"claim {describe(ref)}: {exc}") from None
+
+    def _holders(self, uid: str, device_id: str) -> list[str]:
+        """The other recorded claims holding ``device_id``."""
+        return [describe(claim.ref) for claim in self.checkpoint.claims.values()
+                if claim.ref.uid != uid and any(d.device_id == device_id
+                                                for d in claim.devices)]
 
     async def _read(self, ref: ClaimRef) -> ClaimAllocation:
         async with self._reads:
@@ -351,6 +400,10 @@ class ClaimPreparer:
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         """Claim UID -> error (``""``: done) for every claim asked; from the checkpoint only."""
         results = await self._unprepare(claims)
+        if self.programmer is not None:
+            for uid, error in results.items():
+                if not error:
+                    self.programmer.forget(uid)
         failed = sum(1 for error in results.values() if error)
         metrics.dra_claims(self.driver, "unprepare", len(results) - failed, failed)
         if self.on_unprepared is not None:

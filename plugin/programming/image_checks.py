@@ -1,0 +1,107 @@
+"""Whether a library image holds the function a configuration names and fits the device.
+
+Checked for every claim that names a function, on the fast path too (the device already
+holds it): a configuration whose image is wrong is wrong on every node, and a claim must not
+succeed here only to fail on the next node that has to load it. So the header is parsed
+once per file version and remembered by the file's identity (device, inode, size, mtime):
+the check on a claim is then a ``stat``, not a parse, and an image replaced in the library
+(a new inode, or new contents) is read again.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from plugin.model.devices import Device
+from plugin.programming.function_config import FunctionSpec
+from plugin.programming.gbs import GbsImage
+from plugin.programming.ids import dashed, sysfs_id
+from plugin.programming.library import ImageLibrary
+from plugin.programming.xclbin import XclbinImage
+
+MAX_REMEMBERED = 256
+Header = GbsImage | XclbinImage
+
+
+@dataclass(frozen=True)
+class _Identity:
+    device: int
+    inode: int
+    size: int
+    mtime_ns: int
+
+
+class ImageChecks:
+    """Image headers of one library, read once per file version."""
+
+    def __init__(self, library: ImageLibrary) -> None:
+        self.library = library
+        self._headers: dict[tuple[str, str], tuple[_Identity, Header]] = {}
+
+    def check(self, spec: FunctionSpec, device: Device) -> None:
+        """ValueError naming the image and the problem unless ``spec``'s image holds its
+        function and was built for ``device``'s interface (AWS functions have no image)."""
+        if spec.image is None:
+            return
+        if device.backend == "intel":
+            gbs = self._header(spec.image, "gbs")
+            assert isinstance(gbs, GbsImage)
+            if not gbs.holds(spec.function_id):
+                raise ValueError(f"image {spec.image} holds AFU ID "
+                                 f"{', '.join(dashed(a) for a in gbs.afu_ids)}, not the "
+                                 f"{dashed(spec.function_id)} its configuration names")
+            if gbs.afu_id != spec.function_id:
+                raise ValueError(f"image {spec.image}: AFU ID {dashed(spec.function_id)} is "
+                                 "not its first accelerator cluster's, which is what the "
+                                 f"port would report ({dashed(gbs.afu_id)})")
+            try:
+                gbs.check_interface(device.attribute("interface_id") or None)
+            except ValueError as exc:
+                raise ValueError(f"image {spec.image} does not fit device {device.id}: "
+                                 f"{exc}") from None
+        elif device.backend == "alveo":
+            xclbin = self._header(spec.image, "xclbin")
+            assert isinstance(xclbin, XclbinImage)
+            if not xclbin.holds(spec.function_id):
+                raise ValueError(f"image {spec.image} is xclbin {dashed(xclbin.uuid)}, not "
+                                 f"the {dashed(spec.function_id)} its configuration names")
+            if not xclbin.has_bitstream():
+                raise ValueError(f"image {spec.image} (xclbin {dashed(xclbin.uuid)}) has no "
+                                 "bitstream section to load")
+            try:
+                xclbin.check_target(device.attribute("shell") or None,
+                                    device.attribute("interface_uuid") or None)
+            except ValueError as exc:
+                raise ValueError(f"image {spec.image} does not fit device {device.id}: "
+                                 f"{exc}") from None
+        else:
+            raise ValueError(f"device {device.id} ({device.backend}) is not loaded from "
+                             "image files")
+
+    def _header(self, name: str, kind: str) -> Header:
+        real = self.library.resolve(name)
+        try:
+            info = os.stat(real)
+        except OSError as exc:
+            raise ValueError(f"image {name!r} cannot be read: {exc.strerror}") from None
+        identity = _Identity(info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+        known = self._headers.get((name, kind))
+        if known is not None and known[0] == identity:
+            return known[1]
+        header: Header = (self.library.read_gbs(name) if kind == "gbs"
+                          else self.library.read_xclbin(name))
+        if len(self._headers) >= MAX_REMEMBERED:
+            self._headers.pop(next(iter(self._headers)))
+        self._headers[(name, kind)] = (identity, header)
+        return header
+
+
+def held_function(device: Device) -> str | None:
+    """The function ``device`` reports holding, as discovery read it (normalised), or None
+    where discovery cannot tell (AWS: only the SDK's describe can)."""
+    if device.backend == "intel":
+        return sysfs_id(device.attribute("afu_id") or None)
+    if device.backend == "alveo":
+        return sysfs_id(device.attribute("xclbin_uuid") or None)
+    return None

@@ -1,0 +1,52 @@
+"""The loaders and the programmer ``--programming`` and its flags ask for, built in one place.
+
+``serve`` (the DRA driver) and ``discover`` both ask here which devices are programmable, so
+the ``programmable`` attribute a selector reads and the column ``discover`` prints can never
+disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from plugin.cli.config import Settings
+from plugin.model.devices import DeviceSet
+from plugin.model.programming import WhyNot, never_why
+from plugin.programming.image_checks import ImageChecks
+from plugin.programming.library import ImageLibrary
+from plugin.programming.loaders.base import Loader
+from plugin.programming.programmer import Programmer, Told, unavailable
+from plugin.programming.quarantine import Quarantine
+
+
+def loaders_for(settings: Settings) -> dict[str, Loader]:
+    """Family -> the loader the flags choose for it."""
+    from plugin.programming.loaders.choose import loaders
+
+    return loaders(intel=settings.intel_loader, dev_root=settings.dev_root,
+                   fpgaconf=settings.fpgaconf, xbutil=settings.xbutil,
+                   aws_load=settings.fpga_load_local_image,
+                   aws_describe=settings.fpga_describe_local_image)
+
+
+def why_not_programmable(settings: Settings) -> WhyNot:
+    """What ``discover`` shows as PROGRAMMABLE: the rule the driver publishes."""
+    if settings.programming != "on":
+        return never_why
+    loaders = loaders_for(settings)
+    return lambda device: unavailable(device, True, loaders)
+
+
+def programmer_for(settings: Settings, quarantine: Quarantine,
+                   devices: Callable[[], DeviceSet], rescan: Callable[[str], None],
+                   told: Told | None = None,
+                   loaders: Mapping[str, Loader] | None = None) -> Programmer:
+    """The DRA driver's programmer; ``loaders`` replaces the flags' choice (tests)."""
+    enabled = settings.programming == "on"
+    chosen = dict(loaders) if loaders is not None else (loaders_for(settings) if enabled
+                                                          else {})
+    checks = ImageChecks(ImageLibrary(Path(settings.image_library), settings.image_max_bytes))
+    return Programmer(enabled=enabled, loaders=chosen, checks=checks, quarantine=quarantine,
+                      devices=devices, rescan=rescan, driver=settings.dra_driver_name,
+                      timeout=settings.program_timeout, told=told)

@@ -1,0 +1,249 @@
+"""The programmer above the seam: skip, load, wait, refuse, quarantine; one load per card.
+
+The loader here is a scripted stand-in that rewrites the fake sysfs as a driver would after a
+load; discovery (the real Intel backend) reads the result, as in ``serve``."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from compat_tests.fake_sysfs import FakeNode
+from compat_tests.fpga_images import (
+    NLB0_AFU_ID,
+    NLB3_AFU_ID,
+    SKX_INTERFACE_ID,
+    build_gbs,
+    write_image,
+)
+from plugin.discovery.backends import make_backend
+from plugin.model.devices import Device, DeviceSet
+from plugin.programming.function_config import parse_function
+from plugin.programming.image_checks import ImageChecks
+from plugin.programming.library import ImageLibrary
+from plugin.programming.loaders.base import LoadFailed, LoadJob
+from plugin.programming.programmer import LOADED, SKIPPED, Programmer, ProgrammingRefused
+from plugin.programming.quarantine import Quarantine
+
+DRIVER = "accelerator.b-com.com"
+PORT = "0000:3b:00.0"
+PORT1 = "0000:3b:00.0-port1"
+HEX = {NLB0_AFU_ID: NLB0_AFU_ID.replace("-", ""), NLB3_AFU_ID: NLB3_AFU_ID.replace("-", "")}
+
+
+class ScriptedLoader:
+    """Loads by writing the port's afu_id after ``delay``; or fails as told."""
+
+    name = "scripted"
+    family = "intel"
+
+    def __init__(self, node: FakeNode, names: dict[str, str]) -> None:
+        self.node = node
+        self.names = names  # device ID -> port name in the fake tree
+        self.delay = 0.0
+        self.fail: LoadFailed | None = None
+        self.report: str | None = None  # what the port shows after a load (None: the AFU)
+        self.jobs: list[LoadJob] = []
+        self.running = 0
+        self.most_at_once = 0
+
+    def unavailable(self, device: Device) -> str | None:
+        return None if device.attribute("fme_node") else "no FME node"
+
+    async def load(self, job: LoadJob) -> None:
+        self.jobs.append(job)
+        self.running += 1
+        self.most_at_once = max(self.most_at_once, self.running)
+        try:
+            await asyncio.sleep(self.delay)
+            if self.fail is not None:
+                raise self.fail
+            self.node.set_afu_id(self.names[job.device.id], self.report or job.function_id)
+        finally:
+            self.running -= 1
+
+    async def loaded(self, device: Device) -> str | None:
+        return None
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> FakeNode:
+    node = FakeNode(tmp_path / "node")
+    node.add_dfl_card("0000:3b:00.0", ports=2, interface_id=SKX_INTERFACE_ID.replace("-", ""),
+                      afu_id=HEX[NLB0_AFU_ID])
+    return node
+
+
+@pytest.fixture
+def library(tmp_path: Path) -> ImageLibrary:
+    write_image(tmp_path / "images", "nlb0.gbs", build_gbs(afu_ids=(NLB0_AFU_ID,)))
+    write_image(tmp_path / "images", "nlb3.gbs", build_gbs(afu_ids=(NLB3_AFU_ID,)))
+    write_image(tmp_path / "images", "other-interface.gbs",
+                build_gbs(afu_ids=(NLB3_AFU_ID,),
+                          interface_id="00000000-1111-2222-3333-444444444444"))
+    return ImageLibrary(tmp_path / "images")
+
+
+def spec(afu: str, image: str):  # type: ignore[no-untyped-def]
+    return parse_function(DRIVER, {"apiVersion": f"{DRIVER}/v1alpha1", "kind": "FpgaFunction",
+                                   "afuID": afu, "image": image}, "DeviceClass configuration 0",
+                          from_class=True)
+
+
+def programmer_for(node: FakeNode, library: ImageLibrary, tmp_path: Path, *,
+                   enabled: bool = True, timeout: float = 5.0
+                   ) -> tuple[Programmer, ScriptedLoader]:
+    backend = make_backend("intel", node.config())
+    names = {PORT: node.cards[PORT].ports[0], PORT1: node.cards[PORT].ports[1]}
+    loader = ScriptedLoader(node, names)
+    holder: list[Programmer] = []
+
+    def devices() -> DeviceSet:
+        return DeviceSet.of(Quarantine(tmp_path / "state").apply(DeviceSet.of(backend.scan())))
+
+    def rescan(reason: str) -> None:
+        asyncio.get_running_loop().call_later(0.05, holder[0].devices_changed)
+
+    programmer = Programmer(enabled=enabled, loaders={"intel": loader},
+                            checks=ImageChecks(library), quarantine=Quarantine(tmp_path / "state"),
+                            devices=devices, rescan=rescan, driver=DRIVER, timeout=timeout)
+    holder.append(programmer)
+    return programmer, loader
+
+
+def nobody(device_id: str) -> list[str]:
+    return []
+
+
+async def test_a_device_holding_the_function_is_not_programmed(
+        node: FakeNode, library: ImageLibrary, tmp_path: Path) -> None:
+    programmer, loader = programmer_for(node, library, tmp_path, enabled=False)
+    outcome = await programmer.ensure("ns/c", "uid-1", PORT, spec(NLB0_AFU_ID, "nlb0.gbs"), nobody)
+    assert outcome.result == SKIPPED and loader.jobs == []
+    assert programmer.outcomes[("uid-1", PORT)] is outcome
+
+
+async def test_another_function_is_loaded_and_answered_once_discovery_reads_it(
+        node: FakeNode, library: ImageLibrary, tmp_path: Path) -> None:
+    programmer, loader = programmer_for(node, library, tmp_path)
+    outcome = await programmer.ensure("ns/c", "uid-1", PORT, spec(NLB3_AFU_ID, "nlb3.gbs"), nobody)
+    assert outcome.result == LOADED and outcome.loader == "scripted"
+    assert [(j.device.id, j.function_id, j.image) for j in loader.jobs] == [
+        (PORT, HEX[NLB3_AFU_ID], "nlb3.gbs")]
+    assert make_backend("intel", node.config()).scan()[0].attribute("afu_id") == HEX[NLB3_AFU_ID]
+    again = await programmer.ensure("ns/d", "uid-2", PORT, spec(NLB3_AFU_ID, "nlb3.gbs"), nobody)
+    assert again.result == SKIPPED and len(loader.jobs) == 1
+
+
+async def test_programming_off_refuses_a_device_without_the_function(
+        node: FakeNode, library: ImageLibrary, tmp_path: Path) -> None:
+    programmer, loader = programmer_for(node, library, tmp_path, enabled=False)
+    with pytest.raises(ProgrammingRefused, match="programming is off on this node"):
+        await programmer.ensure("ns/c", "u", PORT, spec(NLB3_AFU_ID, "nlb3.gbs"), nobody)
+    assert loader.jobs == []
+
+
+@pytest.mark.parametrize(("afu", "image", "words"), [
+    (NLB3_AFU_ID, "nlb0.gbs", "holds AFU ID d8424dc4"),
+    (NLB3_AFU_ID, "other-interface.gbs", "was built for interface 00000000-1111"),
+    (NLB3_AFU_ID, "missing.gbs", "is not in the image library"),
+    # Checked on the fast path too: the device already holds nlb0, the image is wrong.
+    (NLB0_AFU_ID, "nlb3.gbs", "holds AFU ID f7df405c"),
+])
+async def test_an_image_that_does_not_fit_is_refused_before_the_card_is_touched(
+        node: FakeNode, library: ImageLibrary, tmp_path: Path, afu: str, image: str,
+        words: str) -> None:
+    programmer, loader = programmer_for(node, library, tmp_path)
+    with pytest.raises(ProgrammingRefused, match=words):
+        await programmer.ensure("ns/c", "u", PORT, spec(afu, image), nobody)
+    assert loader.jobs == []
+
+
+async def test_a_device_another_claim_holds_is_never_reprogrammed(
+        node: FakeNode, library: ImageLibrary, tmp_path: Path) -> None:
+    programmer, loader = programmer_for(node, library, tmp_path)
+    with pytest.raises(ProgrammingRefused, match=r"for 1 other claim\(s\) \(ns/first\)"):
+        await programmer.ensure("ns/c", "u", PORT, spec(NLB3_AFU_ID, "nlb3.gbs"),
+                                lambda device_id: ["ns/first"])
+    programmer.claim_started("being-prepared", [PORT])
+    with pytest.raises(ProgrammingRefused, match="being-prepared"):
+        await programmer.ensure("ns/c", "u", PORT, spec(NLB3_AFU_ID, "nlb3.gbs"), nobody)
+    programmer.claim_finished("being-prepared")
+    assert (await programmer.ensure("ns/c", "u", PORT, spec(NLB3_AFU_ID, "nlb3.gbs"),
+                                    nobody)).result == LOADED
+
+
+async def test_one_load_at_a_time_per_card(node: FakeNode, library: ImageLibrary,
+                                           tmp_path: Path) -> None:
+    programmer, loader = programmer_for(node, library, tmp_path)
+    loader.delay = 0.2
+    both = await asyncio.gather(
+        programmer.ensure("ns/a", "a", PORT, spec(NLB3_AFU_ID, "nlb3.gbs"), nobody),
+        programmer.ensure("ns/b", "b", PORT1, spec(NLB3_AFU_ID, "nlb3.gbs"), nobody))
+    assert [o.result for o in both] == [LOADED, LOADED]
+    assert loader.most_at_once == 1 and len(loader.jobs) == 2
+
+
+async def test_a_failed_load_names_the_step_and_quarantines_the_device(
+        node: FakeNode, library: ImageLibrary, tmp_path: Path) -> None:
+    programmer, loader = programmer_for(node, library, tmp_path)
+    loader.fail = LoadFailed("port-PR ioctl", "Input/output error (errno 5)")
+    with pytest.raises(ProgrammingRefused, match=r"failed at port-PR ioctl: Input/output error"):
+        await programmer.ensure("ns/c", "u", PORT, spec(NLB3_AFU_ID, "nlb3.gbs"), nobody)
+    reason = programmer.quarantine.reasons[PORT]
+    assert reason.startswith("load failed") and "errno 5" in reason
+    marked = programmer.quarantine.apply(DeviceSet.of(make_backend("intel", node.config()).scan()))
+    assert not marked.get(PORT).healthy and marked.get(PORT1).healthy
+    # Kept across a restart, cleared by a load that works.
+    assert PORT in Quarantine(tmp_path / "state").reasons
+    loader.fail = None
+    assert (await programmer.ensure("ns/c", "u", PORT, spec(NLB3_AFU_ID, "nlb3.gbs"),
+                                    nobody)).result == LOADED
+    assert PORT not in programmer.quarantine.reasons
+    assert PORT not in Quarantine(tmp_path / "state").reasons
+
+
+async def test_a_failure_before_the_card_is_touched_leaves_it_healthy(
+        node: FakeNode, library: ImageLibrary, tmp_path: Path) -> None:
+    programmer, loader = programmer_for(node, library, tmp_path)
+    loader.fail = LoadFailed("fpgaconf", "/usr/bin/fpgaconf not found", touched=False)
+    with pytest.raises(ProgrammingRefused, match="not found"):
+        await programmer.ensure("ns/c", "u", PORT, spec(NLB3_AFU_ID, "nlb3.gbs"), nobody)
+    assert programmer.quarantine.reasons == {}
+
+
+async def test_a_device_that_never_reports_the_function_fails_within_the_bound(
+        node: FakeNode, library: ImageLibrary, tmp_path: Path) -> None:
+    programmer, loader = programmer_for(node, library, tmp_path, timeout=1.0)
+    loader.report = "f" * 32  # what a crashed AFU reads as
+    with pytest.raises(ProgrammingRefused, match="did not report it within 1 s"):
+        await programmer.ensure("ns/c", "u", PORT, spec(NLB3_AFU_ID, "nlb3.gbs"), nobody)
+    assert PORT in programmer.quarantine.reasons
+
+
+async def test_a_load_outlives_a_call_the_kubelet_gave_up_on(
+        node: FakeNode, library: ImageLibrary, tmp_path: Path) -> None:
+    programmer, loader = programmer_for(node, library, tmp_path)
+    loader.delay = 0.3
+    call = asyncio.create_task(
+        programmer.ensure("ns/c", "u", PORT, spec(NLB3_AFU_ID, "nlb3.gbs"), nobody))
+    await asyncio.sleep(0.1)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    # The kubelet calls again: the load in flight is awaited, not started twice.
+    outcome = await programmer.ensure("ns/c", "u", PORT, spec(NLB3_AFU_ID, "nlb3.gbs"), nobody)
+    assert outcome.result == LOADED and len(loader.jobs) == 1
+    assert make_backend("intel", node.config()).scan()[0].attribute("afu_id") == HEX[NLB3_AFU_ID]
+
+
+async def test_a_function_of_another_family_is_refused(
+        node: FakeNode, library: ImageLibrary, tmp_path: Path) -> None:
+    programmer, _ = programmer_for(node, library, tmp_path)
+    aws = parse_function(DRIVER, {"apiVersion": f"{DRIVER}/v1alpha1", "kind": "FpgaFunction",
+                                  "agfiID": "agfi-0fcf87119b8e97bf3"}, "claim configuration 0",
+                         from_class=False)
+    with pytest.raises(ProgrammingRefused, match="function of the aws family, for a intel"):
+        await programmer.ensure("ns/c", "u", PORT, aws, nobody)
