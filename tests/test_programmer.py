@@ -247,3 +247,46 @@ async def test_a_function_of_another_family_is_refused(
                          from_class=False)
     with pytest.raises(ProgrammingRefused, match="function of the aws family, for a intel"):
         await programmer.ensure("ns/c", "u", PORT, aws, nobody)
+
+
+async def test_a_class_that_clears_on_unprepare_loads_its_function_after_the_claim(
+        node: FakeNode, library: ImageLibrary, tmp_path: Path) -> None:
+    programmer, loader = programmer_for(node, library, tmp_path)
+    with_clear = parse_function(DRIVER, {
+        "apiVersion": f"{DRIVER}/v1alpha1", "kind": "FpgaFunction", "afuID": NLB3_AFU_ID,
+        "image": "nlb3.gbs", "clearOnUnprepare": {"afuID": NLB0_AFU_ID, "image": "nlb0.gbs"}},
+        "DeviceClass configuration 0", from_class=True)
+    assert (await programmer.ensure("ns/c", "u", PORT, with_clear, nobody)).result == LOADED
+    programmer.unprepared("u", nobody)
+    await programmer.close()
+    assert [j.function_id for j in loader.jobs] == [HEX[NLB3_AFU_ID], HEX[NLB0_AFU_ID]]
+    assert make_backend("intel", node.config()).scan()[0].attribute("afu_id") == HEX[NLB0_AFU_ID]
+    programmer.unprepared("u", nobody)  # once only
+    await programmer.close()
+    assert len(loader.jobs) == 2
+
+
+async def test_a_clear_never_loads_under_a_claim_that_holds_the_device_by_then(
+        node: FakeNode, library: ImageLibrary, tmp_path: Path) -> None:
+    programmer, loader = programmer_for(node, library, tmp_path)
+    with_clear = parse_function(DRIVER, {
+        "apiVersion": f"{DRIVER}/v1alpha1", "kind": "FpgaFunction", "afuID": NLB3_AFU_ID,
+        "image": "nlb3.gbs", "clearOnUnprepare": {"afuID": NLB0_AFU_ID, "image": "nlb0.gbs"}},
+        "DeviceClass configuration 0", from_class=True)
+    await programmer.ensure("ns/c", "u", PORT, with_clear, nobody)
+    programmer.unprepared("u", lambda device_id: ["ns/next"])
+    await programmer.close()
+    assert len(loader.jobs) == 1
+
+
+def test_what_to_clear_survives_a_restart_and_a_damaged_record_is_said(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from plugin.programming.pending_clears import PendingClears
+
+    clear = spec(NLB0_AFU_ID, "nlb0.gbs")
+    PendingClears(tmp_path).record("u", PORT, clear)
+    assert PendingClears(tmp_path).take("u") == {PORT: clear}
+    assert PendingClears(tmp_path).take("u") == {}
+    (tmp_path / "programming-clears.json").write_text("{not json")
+    assert PendingClears(tmp_path).pending == {}
+    assert "cannot be read" in caplog.text

@@ -36,6 +36,7 @@ from plugin.programming.function_config import FunctionSpec
 from plugin.programming.ids import dashed
 from plugin.programming.image_checks import ImageChecks, held_function
 from plugin.programming.loaders.base import Loader, LoadFailed, LoadJob
+from plugin.programming.pending_clears import PendingClears
 from plugin.programming.quarantine import Quarantine
 
 log = logging.getLogger(__name__)
@@ -91,7 +92,7 @@ class Programmer:
                  checks: ImageChecks | None, quarantine: Quarantine,
                  devices: Callable[[], DeviceSet], rescan: Callable[[str], None],
                  driver: str, timeout: float = DEFAULT_TIMEOUT,
-                 told: Told | None = None) -> None:
+                 told: Told | None = None, clears: PendingClears | None = None) -> None:
         self.enabled = enabled
         self.loaders = dict(loaders)
         self.checks = checks
@@ -101,6 +102,8 @@ class Programmer:
         self._devices = devices
         self._rescan = rescan
         self._told = told
+        self.clears = clears or PendingClears(None)
+        self._clearing: set[asyncio.Task[None]] = set()
         self._locks: dict[str, asyncio.Lock] = {}
         self._changed = asyncio.Event()
         self._loading: dict[str, asyncio.Task[Outcome]] = {}
@@ -139,10 +142,33 @@ class Programmer:
             if not self._claimed[device_id]:
                 del self._claimed[device_id]
 
-    def forget(self, uid: str) -> None:
-        """The claim is unprepared: its outcomes are no longer shown."""
+    def unprepared(self, uid: str, holders: Callable[[str], list[str]]) -> None:
+        """Claim ``uid`` is unprepared: its outcomes are no longer shown, and the function
+        its DeviceClass clears to is loaded, after the kubelet's answer (see
+        :mod:`.pending_clears`), unless another claim holds the device by then."""
         for key in [k for k in self.outcomes if k[0] == uid]:
             del self.outcomes[key]
+        for device_id, clear in self.clears.take(uid).items():
+            task = asyncio.get_running_loop().create_task(
+                self._clear(uid, device_id, clear, holders), name=f"clear {device_id}")
+            self._clearing.add(task)
+            task.add_done_callback(self._clearing.discard)
+
+    async def _clear(self, uid: str, device_id: str, clear: FunctionSpec,
+                     holders: Callable[[str], list[str]]) -> None:
+        what = f"clearing after claim {uid}"
+        try:
+            outcome = await self.ensure(what, f"clear:{uid}", device_id, clear, holders)
+        except ProgrammingRefused as refusal:
+            log.warning("%s: %s", what, refusal)
+            return
+        self.outcomes.pop((f"clear:{uid}", device_id), None)
+        log.info("%s: device %s: %s", what, device_id, outcome.message())
+
+    async def close(self) -> None:
+        """Wait for clears under way (a load is never cut off half-way)."""
+        if self._clearing:
+            await asyncio.gather(*self._clearing, return_exceptions=True)
 
     async def ensure(self, claim: str, uid: str, device_id: str, spec: FunctionSpec,
                      holders: Callable[[str], list[str]]) -> Outcome:
@@ -286,6 +312,8 @@ class Programmer:
         return self._locks.setdefault(card, asyncio.Lock())
 
     def _done(self, uid: str, outcome: Outcome, began: float) -> Outcome:
+        if outcome.spec.clear is not None:
+            self.clears.record(uid, outcome.device_id, outcome.spec.clear)
         if outcome.result == SKIPPED:
             device = self._devices().get(outcome.device_id)
             family = device.backend if device is not None else outcome.spec.family

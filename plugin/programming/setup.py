@@ -10,12 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from plugin.cli.config import Settings
+from plugin.cli.config import Settings, dra_state_dir
 from plugin.model.devices import DeviceSet
 from plugin.model.programming import WhyNot, never_why
 from plugin.programming.image_checks import ImageChecks
 from plugin.programming.library import ImageLibrary
 from plugin.programming.loaders.base import Loader
+from plugin.programming.pending_clears import PendingClears
 from plugin.programming.programmer import Programmer, Told, unavailable
 from plugin.programming.quarantine import Quarantine
 
@@ -49,4 +50,5 @@ def programmer_for(settings: Settings, quarantine: Quarantine,
     checks = ImageChecks(ImageLibrary(Path(settings.image_library), settings.image_max_bytes))
     return Programmer(enabled=enabled, loaders=chosen, checks=checks, quarantine=quarantine,
                       devices=devices, rescan=rescan, driver=settings.dra_driver_name,
-                      timeout=settings.program_timeout, told=told)
+                      timeout=settings.program_timeout, told=told,
+                      clears=PendingClears(dra_state_dir(settings)))

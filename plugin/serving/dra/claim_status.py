@@ -27,7 +27,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from plugin.model.devices import Device, DeviceSet
 from plugin.process import metrics
@@ -43,9 +43,13 @@ from plugin.serving.dra.claims_model import ClaimRef, DeviceCondition, DeviceSta
 from plugin.serving.dra.health import HealthState, health_of
 from plugin.serving.dra.prepared import PreparedClaim, PreparedDevice, describe
 
+if TYPE_CHECKING:
+    from plugin.programming.programmer import Outcome
+
 log = logging.getLogger(__name__)
 
 READY = "Ready"
+FUNCTION_LOADED = "FunctionLoaded"
 BACKOFF_INITIAL = 0.5
 BACKOFF_MAX = 30.0
 CONCURRENT_WRITES = 4
@@ -53,6 +57,8 @@ CONCURRENT_WRITES = 4
 port shared by many claims this keeps the API server's load bounded."""
 
 Write = Callable[[ClaimRef, tuple[DeviceStatusReport, ...]], Awaitable[Any]]
+FunctionOf = Callable[[str, str], "Outcome | None"]
+"""(claim UID, device ID) -> what was done to give the device its claim's function."""
 
 
 def rfc3339(seconds: float) -> str:
@@ -113,8 +119,10 @@ class ClaimStatusReporter:
 
     def __init__(self, driver: str, devices: Callable[[], DeviceSet], write: Write, *,
                  backoff_initial: float = BACKOFF_INITIAL, backoff_max: float = BACKOFF_MAX,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 function_of: FunctionOf = lambda uid, device_id: None) -> None:
         self.driver = driver
+        self._function_of = function_of
         self._devices = devices
         self._write = write
         self._backoff_initial = backoff_initial
@@ -262,9 +270,30 @@ class ClaimStatusReporter:
             since = previous[1] if previous is not None and previous[0] == status else now
             if not peek:
                 known.transitions[prepared.device] = (status, since)
+            conditions = [DeviceCondition(READY, status, reason, message, since)]
+            data = device_data(prepared, device)
+            outcome = self._function_of(known.claim.ref.uid, prepared.device_id)
+            if outcome is not None:
+                data.update(function_data(outcome))
+                key = f"{prepared.device}/{FUNCTION_LOADED}"
+                since = known.transitions.get(key, ("True", now))[1]
+                if not peek:
+                    known.transitions[key] = ("True", since)
+                conditions.append(DeviceCondition(
+                    FUNCTION_LOADED, "True",
+                    "Loaded" if outcome.result == "loaded" else "AlreadyLoaded",
+                    outcome.message(), since))
             reports.append(DeviceStatusReport(
-                self.driver, prepared.pool, prepared.device,
-                _frozen(device_data(prepared, device)),
-                (DeviceCondition(READY, status, reason, message, since),)))
+                self.driver, prepared.pool, prepared.device, _frozen(data),
+                tuple(conditions)))
         return tuple(reports)
 
+
+def function_data(outcome: Outcome) -> dict[str, Any]:
+    """The function the claim's configuration named, in ``data``: which, from which image,
+    and whether it was loaded for this claim (by which loader, in how long) or held already."""
+    data: dict[str, Any] = {"function": f"{outcome.spec.field} {outcome.spec.function_id}"}
+    if outcome.spec.image:
+        data["functionImage"] = outcome.spec.image
+    data["functionLoaded"] = outcome.message()
+    return data

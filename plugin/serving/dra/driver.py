@@ -204,8 +204,11 @@ class DraDriver:
 
         if self._preparer is None:
             place.state_dir.mkdir(parents=True, exist_ok=True)
-            self._status = ClaimStatusReporter(place.driver, lambda: self.feed.current,
-                                               write_status)
+            programmer = self.programmer
+            self._status = ClaimStatusReporter(
+                place.driver, lambda: self.feed.current, write_status,
+                function_of=(lambda uid, device_id: programmer.outcomes.get((uid, device_id)))
+                if programmer is not None else (lambda uid, device_id: None))
             # Read at first use, which comes through the socket: only the instance holding
             # it reads the record (a rolling update's newcomer waits for the old one first).
             checkpoint = ClaimCheckpoint(place.state_dir / CHECKPOINT_FILE, load=False)
@@ -327,6 +330,8 @@ class DraDriver:
             await self._health.close()
         if self._status is not None:
             await self._status.close()
+        if self.programmer is not None:
+            await self.programmer.close()
         if self._api is not None:
             await self._api.close()
             self._api = None

@@ -403,7 +403,8 @@ class ClaimPreparer:
         if self.programmer is not None:
             for uid, error in results.items():
                 if not error:
-                    self.programmer.forget(uid)
+                    self.programmer.unprepared(
+                        uid, lambda device_id, uid=uid: self._holders(uid, device_id))
         failed = sum(1 for error in results.values() if error)
         metrics.dra_claims(self.driver, "unprepare", len(results) - failed, failed)
         if self.on_unprepared is not None:
