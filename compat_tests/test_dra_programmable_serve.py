@@ -84,9 +84,9 @@ async def test_slices_carry_the_interface_the_function_and_programmable(programm
     assert port["programmable"] is True and devices[OPAE_PORT]["programmable"] is True
     card = devices[ALVEO]
     assert (card["logicUUID"], card["xclbinUUID"]) == (DEFAULT_LOGIC_UUID, XCLBIN)
-    assert card["programmable"] is False  # no Alveo loader yet, whatever the flag says
+    assert card["programmable"] is False  # no xbutil on this machine, whatever the flag says
     slots = [d for d in devices.values() if d["family"] == "aws"]
-    assert len(slots) == 2 and not any(d["programmable"] for d in slots)
+    assert len(slots) == 2 and not any(d["programmable"] for d in slots)  # nor AWS SDK
 
 
 async def test_programmable_follows_the_fme_node_while_serving(programming_on):

@@ -28,6 +28,8 @@ from plugin.cli.config import parse
 from plugin.cli.discover import render_json, render_table
 from plugin.discovery.backends import make_backend
 from plugin.model.devices import DeviceSet
+from plugin.model.programming import Programmable
+from plugin.programming.setup import why_not_programmable
 from plugin.serving.dra.inventory import AttributeKind, DraDevice, Pool, pool_of
 
 DRIVER = "fpga.b-com.com"
@@ -45,9 +47,19 @@ def mixed(root: Path) -> FakeNode:
     return node
 
 
+def rule(node: FakeNode, programming: bool) -> Programmable:
+    """What serve publishes as programmable, with the loaders its flags choose (no vendor
+    tool at the default paths on this machine; the FME nodes under the fake /dev)."""
+    settings = parse(["discover", "--programming", "on" if programming else "off",
+                      "--dev-root", str(node.dev_root)])
+    why_not = why_not_programmable(settings)
+    return lambda device: why_not(device) is None
+
+
 def pool(root: Path, programming: bool) -> Pool:
-    devices = DeviceSet.of(make_backend("auto", mixed(root).config()).scan())
-    return pool_of(DRIVER, NODE, devices, programming=programming)
+    node = mixed(root)
+    devices = DeviceSet.of(make_backend("auto", node.config()).scan())
+    return pool_of(DRIVER, NODE, devices, programmable=rule(node, programming))
 
 
 def seen(device: DraDevice) -> dict[str, object]:
@@ -68,7 +80,8 @@ def test_programming_on_makes_intel_ports_with_an_fme_programmable_only(tmp_path
     on = programmable(pool(tmp_path, programming=True))
     assert {name for name, value in on.items() if value} == {"pci-0000-5e-00-0",
                                                              "pci-0000-d8-00-0"}
-    # A virtual function (no FME), Alveo cards and AWS slots (no loader yet) stay false.
+    # A virtual function (no FME), Alveo cards and AWS slots (no xbutil, no SDK here) stay
+    # false.
     assert on["pci-0000-be-00-1"] is False and on[ALVEO] is False
     assert on["pci-0000-00-0f-0"] is False and on["pci-0000-34-00-0"] is False
 
@@ -77,7 +90,7 @@ def test_a_port_whose_fme_node_went_is_not_programmable(tmp_path: Path) -> None:
     node = build_intel_node(tmp_path)
     node.delete_fme_node("0000:3b:00.0")
     p = pool_of(DRIVER, NODE, DeviceSet.of(make_backend("intel", node.config()).scan()),
-                programming=True)
+                programmable=rule(node, True))
     on = programmable(p)
     assert on["pci-0000-3b-00-0"] is False and on["pci-0000-3b-00-0-port1"] is False
     assert on["pci-0000-d8-00-0"] is True
@@ -124,19 +137,45 @@ def test_a_bad_value_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_discover_shows_what_is_held_and_whether_it_can_be_programmed(tmp_path: Path) -> None:
-    devices = make_backend("auto", mixed(tmp_path).config()).scan()
-    table = render_table(devices, programming=True).splitlines()
+    node = mixed(tmp_path)
+    devices = make_backend("auto", node.config()).scan()
+    on = why_not_programmable(parse(["discover", "--programming", "on", "--dev-root",
+                                     str(node.dev_root)]))
+    table = render_table(devices, why_not=on).splitlines()
     column = table[0].index("PROGRAMMABLE")
     cells = {line.split()[0]: line[column:].split()[0] for line in table[1:]}
     assert cells["0000:d8:00.0"] == "yes" and cells["0000:be:00.1"] == "no"
     assert cells["0000:17:00.1"] == "no"
     alveo = next(line for line in table if line.startswith("0000:17:00.1"))
     assert f"xclbin {XCLBIN}" in alveo
-    assert "yes" not in render_table(devices, programming=False).split("PROGRAMMABLE", 1)[1]
-    records = {r["id"]: r for r in json.loads(render_json(devices, programming=True))}
+    assert "yes" not in render_table(devices).split("PROGRAMMABLE", 1)[1]
+    records = {r["id"]: r for r in json.loads(render_json(devices, on))}
     assert records["0000:d8:00.0"]["programmable"] is True
     assert records["0000:17:00.1"]["xclbin_uuid"] == XCLBIN
     assert records["0000:17:00.1"]["programmable"] is False
+    assert "xbutil" in records["0000:17:00.1"]["not_programmable_because"]
+    assert records["0000:d8:00.0"]["not_programmable_because"] is None
     # The keys discover --json had keep their meaning; these two are only added.
     assert {"id", "backend", "driver", "nodes", "numa_node", "afu_id", "shell", "health",
             "health_reason", "attributes"} <= set(records["0000:d8:00.0"])
+
+
+def test_alveo_and_aws_are_programmable_where_their_tools_are(tmp_path: Path) -> None:
+    node = mixed(tmp_path / "node")
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    for name in ("xbutil", "fpga-load-local-image", "fpga-describe-local-image"):
+        (tools / name).write_text("#!/bin/sh\nexit 0\n")
+        (tools / name).chmod(0o755)
+    settings = parse(["discover", "--programming", "on", "--dev-root", str(node.dev_root),
+                      "--xbutil", str(tools / "xbutil"),
+                      "--fpga-load-local-image", str(tools / "fpga-load-local-image"),
+                      "--fpga-describe-local-image", str(tools / "fpga-describe-local-image")])
+    why_not = why_not_programmable(settings)
+    devices = DeviceSet.of(make_backend("auto", node.config()).scan())
+    on = programmable(pool_of(DRIVER, NODE, devices,
+                              programmable=lambda d: why_not(d) is None))
+    assert on[ALVEO] is True
+    assert on["pci-0000-00-0f-0"] is True and on["pci-0000-34-00-0"] is True
+    (tools / "xbutil").chmod(0o644)  # not executable: not a way in
+    assert why_not(devices.get("0000:17:00.1")) is not None
