@@ -36,10 +36,13 @@ from __future__ import annotations
 import copy
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from compat_tests import cel_devices
 from compat_tests.apiserver import objects
+
+if TYPE_CHECKING:
+    from compat_tests.apiserver.server import ApiServerEmulator
 
 Obj = dict[str, Any]
 EXTENDED_RESOURCE_CLAIM_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
@@ -50,7 +53,7 @@ class AllocationError(Exception):
     """The claim cannot be allocated on the node; the message says which request and why."""
 
 
-def allocate_claim(api: Any, namespace: str, name: str, node_name: str) -> Obj:
+def allocate_claim(api: ApiServerEmulator, namespace: str, name: str, node_name: str) -> Obj:
     """Allocate claim ``namespace/name`` on ``node_name``; the claim as stored after."""
     claim = api.get("resourceclaims", name, namespace)
     if claim is None:
@@ -119,7 +122,7 @@ def _pick(claim: str, request: str, exact: Mapping[str, Any], device_class: Obj,
         f"{device_class['metadata']['name']!r} are free, untainted and selected")
 
 
-def node_devices(api: Any, node_name: str) -> list[tuple[str, str, Obj]]:
+def node_devices(api: ApiServerEmulator, node_name: str) -> list[tuple[str, str, Obj]]:
     """``(driver, pool, device)`` of every device the node's slices publish, taking only the
     newest generation of each pool, as the scheduler does (older slices are being replaced)."""
     slices = [s for s in api.list("resourceslices") if s["spec"].get("nodeName") == node_name]
@@ -137,7 +140,7 @@ def node_devices(api: Any, node_name: str) -> list[tuple[str, str, Obj]]:
     return found
 
 
-def allocated_devices(api: Any) -> set[tuple[str, str, str]]:
+def allocated_devices(api: ApiServerEmulator) -> set[tuple[str, str, str]]:
     """``(driver, pool, device)`` of every device some claim of this emulator holds."""
     held = set()
     for claim in api.list("resourceclaims"):
@@ -164,7 +167,7 @@ def _tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
             and toleration.get("value", "") == taint.get("value", ""))
 
 
-def class_for_resource(api: Any, resource_name: str) -> str:
+def class_for_resource(api: ApiServerEmulator, resource_name: str) -> str:
     """The DeviceClass whose ``extendedResourceName`` is ``resource_name`` (KEP-5004), or the
     class named by ``deviceclass.resource.kubernetes.io/<class>``."""
     implicit = "deviceclass.resource.kubernetes.io/"
@@ -178,7 +181,7 @@ def class_for_resource(api: Any, resource_name: str) -> str:
     return named[0]
 
 
-def extended_resource_claim(api: Any, namespace: str, pod_name: str, container: str,
+def extended_resource_claim(api: ApiServerEmulator, namespace: str, pod_name: str, container: str,
                             resource_name: str, count: int, *, node_name: str,
                             pod_uid: str | None = None, container_index: int = 0,
                             resource_index: int = 0) -> Obj:
