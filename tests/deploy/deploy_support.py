@@ -66,12 +66,31 @@ COMBINATIONS: dict[str, tuple[tuple[str, ...], str]] = {
     "dra+intel+afu+plugin-watcher": (("dra", "intel", "afu", "plugin-watcher"), "1.34"),
     "dra+events+metrics+monitoring": (("dra", "events", "metrics", "monitoring"), "1.34"),
     "legacy+intel+cdi+metrics": (("legacy", "intel", "cdi", "metrics"), "1.11"),
+    # FPGA programming: over DRA, alone and with a backend and metrics.
+    "dra+programming": (("dra", "programming"), "1.34"),
+    "dra+intel+programming+metrics": (("dra", "intel", "programming", "metrics"), "1.34"),
 }
 """Combinations of components rendered, validated and checked like the shipped overlays:
 each name -> (components in the order listed, the oldest Kubernetes it is meant for)."""
 
 IMPLIES = {"dra": ("serviceaccount",)}
 """Components that bring another one with them."""
+
+IMAGE_LIBRARY = "/var/lib/accelerator-images"
+"""--image-library's default: the host directory the programming component mounts."""
+PROGRAMMING_FLAGS = ("programming", "image-library", "image-max-bytes", "intel-loader",
+                     "fpgaconf", "xbutil", "fpga-load-local-image", "fpga-describe-local-image",
+                     "program-timeout")
+"""serve's flags for FPGA programming, as the chart's config.yaml keys and the programming
+component's variables name them."""
+
+
+def pending_programming_flags() -> set[str]:
+    """The programming flags serve does not read yet: settings the manifests already carry
+    for flags that are being added to serve. Empty once serve reads them all, so the checks
+    that allow these names are then as strict as before."""
+    known = {option.key for option in config.build_parser().commands["serve"].options}
+    return set(PROGRAMMING_FLAGS) - known
 
 
 def parts(name: str) -> set[str]:

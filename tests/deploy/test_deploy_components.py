@@ -46,9 +46,12 @@ EXCLUSIVE: list[tuple[set[str], str]] = [
     ({"aws-units", "afu"}, "units have nothing loaded to group by"),
     ({"legacy", "dra"}, "DRA's APIs are 1.34+, legacy is for 1.11 to 1.20"),
     ({"legacy", "events"}, "events.k8s.io/v1 is 1.19+, legacy is also for 1.11 to 1.18"),
+    ({"legacy", "programming"}, "programming is DRA's, 1.34+"),
+    ({"serviceaccount", "programming"}, "programming needs dra, which brings the account"),
+    ({"aws-units", "programming"}, "units read no hardware: nothing to load"),
 ]
 """Pairs that do not go together, and why."""
-NEEDS = {"monitoring": ("metrics",), "events": ("serviceaccount",)}
+NEEDS = {"monitoring": ("metrics",), "events": ("serviceaccount",), "programming": ("dra",)}
 """What a component cannot build without (listed before it); dra satisfies events too."""
 
 
@@ -59,9 +62,10 @@ def compatible(a: str, b: str) -> bool:
 def with_needs(chosen: tuple[str, ...]) -> tuple[str, ...]:
     """``chosen`` with what each needs listed first (events is content with dra's account)."""
     out: list[str] = []
+    has_dra = "dra" in chosen or any("dra" in NEEDS.get(c, ()) for c in chosen)
     for component in chosen:
         for need in NEEDS.get(component, ()):
-            if need == "serviceaccount" and "dra" in chosen:
+            if need == "serviceaccount" and has_dra:
                 continue
             if need not in out and need not in chosen:
                 out.append(need)
@@ -79,7 +83,7 @@ PAIRS = [p for p in itertools.combinations(COMPONENTS, 2) if compatible(*p)]
 def test_every_component_is_a_kustomize_component():
     assert set(COMPONENTS) >= {"cdi", "plugin-watcher", "dra", "metrics", "monitoring", "afu",
                                "alveo", "aws-units", "intel", "events", "serviceaccount",
-                               "legacy"}
+                               "legacy", "programming"}
     for name in COMPONENTS:
         (kustomization,) = yaml.safe_load_all((COMPONENTS_DIR / name / "kustomization.yaml")
                                               .read_text())
@@ -179,6 +183,9 @@ def test_two_compatible_components_combine_without_conflict(kubectl, tmp_path, a
     (("dra", "serviceaccount"), "already registered id"),
     (("events",), "nothing selected by ServiceAccount"),
     (("monitoring",), "nothing selected by Service"),
+    # Programming is configured through DRA claims: never on a device plugin alone.
+    (("programming",), "nothing selected by DeviceClass"),
+    (("programming", "dra"), "nothing selected by DeviceClass"),
     (("metrics", "monitoring", "metrics"), "may not add resource"),
 ])
 def test_combinations_that_cannot_work_fail_to_build(kubectl, tmp_path, chosen, why):

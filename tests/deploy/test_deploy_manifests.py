@@ -11,6 +11,7 @@ from deploy_support import (
     CDI_DIR,
     COMBINATIONS,
     DRA_STATE_DIR,
+    IMAGE_LIBRARY,
     KUSTOMIZATIONS,
     METRICS_PORT,
     POD_RESOURCES_DIR,
@@ -24,6 +25,7 @@ from deploy_support import (
     load_yaml_file,
     minor,
     parts,
+    pending_programming_flags,
     pod_spec,
     quantity,
 )
@@ -47,11 +49,14 @@ ALLOWED_HOST_PATHS = {
     "/sys/bus": False,
     "/sys/devices": False,
     "/dev": False,
+    # The images FPGA programming loads (programming component), only read.
+    IMAGE_LIBRARY: False,
 }
-CREATED_HOST_PATHS = {CDI_DIR, DRA_STATE_DIR, POD_RESOURCES_DIR}
+CREATED_HOST_PATHS = {CDI_DIR, DRA_STATE_DIR, POD_RESOURCES_DIR, IMAGE_LIBRARY}
 """Host paths the plugin may create: a node's runtime reads CDI specs there but need not
 have made the directory, and nobody but the DRA driver makes its own; the kubelet makes
-pod-resources at start, but a node without it must still run the plugin."""
+pod-resources at start, but a node without it must still run the plugin; a node without
+FPGA images must still serve its devices."""
 DRA_KINDS = ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
              "ValidatingAdmissionPolicyBinding", "DaemonSet", "DeviceClass"]
 """What the dra overlay renders, in kustomize's order."""
@@ -179,10 +184,18 @@ def test_pod_has_no_host_namespaces_and_no_service_account_token(rendered, name)
 @pytest.mark.parametrize("name", ALL)
 def test_container_security_context(rendered, name):
     security = container(rendered[name])["securityContext"]
-    assert security["allowPrivilegeEscalation"] is False
-    assert security.get("privileged", False) is False
+    if "programming" in parts(name):
+        # Loading a function writes to device nodes only privileged admits (the programming
+        # component says why); the API server refuses privileged without escalation, and a
+        # privileged container has every capability, so no list pretends otherwise.
+        assert security["privileged"] is True
+        assert security["allowPrivilegeEscalation"] is True
+        assert "capabilities" not in security
+    else:
+        assert security["allowPrivilegeEscalation"] is False
+        assert security.get("privileged", False) is False
+        assert security["capabilities"] == {"drop": ["ALL"]}
     assert security["readOnlyRootFilesystem"] is True
-    assert security["capabilities"] == {"drop": ["ALL"]}
     # Root on purpose (the kubelet's directory is root's), and said so explicitly.
     assert security["runAsUser"] == 0 and security["runAsNonRoot"] is False
 
@@ -287,7 +300,8 @@ def parse_serve(args: list[str], monkeypatch: pytest.MonkeyPatch) -> config.Sett
 @pytest.mark.parametrize("name", ALL)
 def test_environment_is_understood_by_serve_and_healthcheck(rendered, name, monkeypatch):
     values = env(rendered[name])
-    unknown = set(values) - _flag_variables()
+    pending = {config._env(f"--{flag}") for flag in pending_programming_flags()}
+    unknown = set(values) - _flag_variables() - pending
     assert not unknown, f"no flag reads {sorted(unknown)}"
     # Only NODE_NAME comes from elsewhere: --node-name's default, from the downward API.
     assert set(env_from(rendered[name])) <= {"NODE_NAME"}

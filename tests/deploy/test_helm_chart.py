@@ -187,6 +187,38 @@ WRONG_VALUES = [
     ({"tolerations": [{"operator": "Sometimes"}]}, "/tolerations/0/operator"),
     ({"updateStrategy": {"type": "Recreate"}}, "/updateStrategy/type"),
     ({"replicas": 3}, "replicas"),
+    # Programming: the chart owns its config keys, and refuses what cannot work or would
+    # hand the pod the host's system directories.
+    ({"config": {"programming": "on"}}, "programming"),
+    ({"config": {"image-library": "/srv/images"}}, "image-library"),
+    ({"programming": {"intelLoader": "opae"}}, "/programming/intelLoader"),
+    ({"programming": {"maxImageBytes": 0}}, "/programming/maxImageBytes"),
+    ({"programming": {"imageLibrary": {"hostPath": "images"}}},
+     "/programming/imageLibrary/hostPath"),
+    ({"programming": {"imageLibrary": {"hostPath": "/var/lib/../../etc"}}},
+     "/programming/imageLibrary/hostPath"),
+    ({"programming": {"toolsHostPaths": ["/usr/bin"]}}, "/programming/toolsHostPaths/0"),
+    ({"programming": {"toolsHostPaths": ["/opt/xrt", "/"]}}, "/programming/toolsHostPaths/1"),
+    ({"programming": {"fpgaconf": "fpgaconf"}}, "/programming/fpgaconf"),
+    ({"programming": {"deviceClasses": [{"name": "Nlb0", "function": {
+        "agfiID": "agfi-0fcf87119b8e97bf3"}}]}}, "/programming/deviceClasses/0/name"),
+    ({"programming": {"deviceClasses": [{"name": "a", "function": {
+        "agfiID": "agfi-0fcf87119b8e97bf3", "image": "a.bin"}}]}},
+     "/programming/deviceClasses/0/function"),
+    ({"programming": {"deviceClasses": [{"name": "a", "function": {
+        "afuID": "d8424dc4a4a3c413f89e433683f9040b"}}]}}, "/programming/deviceClasses/0/function"),
+    ({"programming": {"deviceClasses": [{"name": "a", "function": {
+        "afuID": "d8424dc4", "image": "a.gbs"}}]}}, "/programming/deviceClasses/0/function"),
+    ({"programming": {"deviceClasses": [{"name": "a", "function": {
+        "afuID": "d8424dc4a4a3c413f89e433683f9040b", "xclbinUUID":
+        "5d0b1e8a-3c2f-4b6e-9a7d-1f2e3c4b5a69", "image": "a.gbs"}}]}},
+     "/programming/deviceClasses/0/function"),
+    ({"programming": {"deviceClasses": [{"name": "a", "function": {
+        "agfiID": "agfi-0fcf87119b8e97bf3", "bitstream": "x"}}]}},
+     "/programming/deviceClasses/0/function"),
+    ({"programming": {"deviceClasses": [{"name": "a", "extendedResourceName": "nlb0",
+                                         "function": {"agfiID": "agfi-0fcf87119b8e97bf3"}}]}},
+     "/programming/deviceClasses/0/extendedResourceName"),
 ]
 
 

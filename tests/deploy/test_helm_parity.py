@@ -13,7 +13,14 @@ from typing import Any
 
 import pytest
 import yaml
-from deploy_support import REPO, container, daemonset, env, env_from
+from deploy_support import (
+    REPO,
+    container,
+    daemonset,
+    env,
+    env_from,
+    pending_programming_flags,
+)
 from helm_render import (
     CHART,
     config_file,
@@ -36,7 +43,7 @@ the metrics component), the config file itself, and where each setting came from
 for the chart, variables for the overlays)."""
 SAMPLE_NODE = "fpga-node-1"
 PAIRS = {"default": "base", "intel": "intel", "aws-units": "aws", "alveo": "alveo",
-         "dra-auto": "dra"}
+         "dra-auto": "dra", "programming": "dra+programming"}
 """Example values file -> the kustomization that makes the same choice."""
 
 
@@ -112,7 +119,7 @@ def overlay_environment(objects: list[dict[str, Any]]) -> dict[str, str]:
 @pytest.mark.parametrize("name", example_names())
 def test_config_keys_are_serve_flags(name):
     objects = render(example_values(name))
-    known = serve_flags()
+    known = serve_flags() | pending_programming_flags()
     for ds in pools(objects):
         keys = set(config_file(objects, ds))
         assert keys <= known, f"no serve flag {sorted(keys - known)}"
@@ -279,9 +286,12 @@ def test_pods_are_hardened_as_the_overlays_are(rendered, name):
     base = daemonset(rendered["base"])
     overlay_mounts = set().union(*(_host_mounts(daemonset(objects))
                                    for objects in rendered.values()))
+    programming = example_values(name).get("programming", {}).get("enabled", False)
+    # Programming makes the container privileged, as the programming component does.
+    hardened = container([daemonset(rendered["dra+programming" if programming else "base"])])
     for ds in pools(render(example_values(name))):
         spec = ds["spec"]["template"]["spec"]
-        assert _container(ds)["securityContext"] == container([base])["securityContext"]
+        assert _container(ds)["securityContext"] == hardened["securityContext"]
         assert spec["securityContext"] == base["spec"]["template"]["spec"]["securityContext"]
         for field in ("hostNetwork", "hostPID", "hostIPC"):
             assert not spec.get(field, False), field

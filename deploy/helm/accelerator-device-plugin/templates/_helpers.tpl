@@ -84,6 +84,7 @@ it), and:
 {{- $anyDra := false -}}
 {{- $anyApi := false -}}
 {{- $anyEvents := false -}}
+{{- $programming := .Values.programming | default dict -}}
 {{- range $index, $p := $input -}}
   {{- if hasKey $seen $p.name -}}
     {{- fail (printf "nodePools[%d].name: %q is used by an earlier pool; each pool names its own DaemonSet and ConfigMap" $index $p.name) -}}
@@ -111,6 +112,20 @@ it), and:
   {{- end -}}
   {{- if and $dra (ne (get $cfg "resource-name" | default "") (get $global "resource-name" | default "")) -}}
     {{- fail (printf "nodePools[%d].config.resource-name: a pool with api %q serves the resource the DeviceClass maps, config.resource-name (%v)" $index $api (get $global "resource-name")) -}}
+  {{- end -}}
+  {{- if $programming.enabled -}}
+    {{- if not $dra -}}
+      {{- fail (printf "programming.enabled: FPGA programming is asked for through DRA claims and DeviceClasses, but %s has api %q; set %sconfig.api to dra or auto, or programming.enabled to false" (ternary (printf "node pool %q" $p.name) "the DaemonSet" $named) $api (ternary (printf "nodePools[%d]." $index) "" (hasKey $own "api"))) -}}
+    {{- end -}}
+    {{- $_ := set $cfg "programming" "on" -}}
+    {{- $_ := set $cfg "image-library" $programming.imageLibrary.hostPath -}}
+    {{- $_ := set $cfg "image-max-bytes" (int64 $programming.maxImageBytes) -}}
+    {{- $_ := set $cfg "intel-loader" $programming.intelLoader -}}
+    {{- $_ := set $cfg "fpgaconf" $programming.fpgaconf -}}
+    {{- $_ := set $cfg "xbutil" $programming.xbutil -}}
+    {{- $_ := set $cfg "fpga-load-local-image" $programming.fpgaLoadLocalImage -}}
+    {{- $_ := set $cfg "fpga-describe-local-image" $programming.fpgaDescribeLocalImage -}}
+    {{- $_ := set $cfg "program-timeout" $programming.timeoutSeconds -}}
   {{- end -}}
   {{- $eventsMode := get $cfg "events" | default "auto" -}}
   {{- $events := or (eq $eventsMode "on") (and (eq $eventsMode "auto") $dra) -}}
@@ -201,5 +216,5 @@ it), and:
 {{- if and $anyDra (not (semverCompare ">=1.34.0-0" .Capabilities.KubeVersion.Version)) -}}
   {{- fail (printf "config.api: dra and auto need Kubernetes 1.34 or later (resource.k8s.io/v1); this cluster is %s. Use api device-plugin" .Capabilities.KubeVersion.Version) -}}
 {{- end -}}
-{{- dict "pools" $result "anyDra" $anyDra "anyApi" $anyApi "anyEvents" $anyEvents | toJson -}}
+{{- dict "pools" $result "anyDra" $anyDra "anyApi" $anyApi "anyEvents" $anyEvents "programming" (and $anyDra $programming.enabled) | toJson -}}
 {{- end -}}
