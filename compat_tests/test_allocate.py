@@ -26,10 +26,13 @@ from compat_tests.apiserver.allocate import (
     tolerated,
 )
 from compat_tests.fake_alveo import ALVEO_CARDS, add_alveo_card, load_xclbin
+from compat_tests.fake_fpga_tools import write_stand_in_tools
 from compat_tests.fake_sysfs import OTHER_AFU_ID, FakeNode
 from plugin.cli import config
+from plugin.cli.config import parse
 from plugin.discovery.backends import make_backend
 from plugin.model.devices import DeviceSet
+from plugin.programming.setup import why_not_programmable
 from plugin.serving.dra.inventory import Pool, pool_of
 
 DRIVER = config.DEFAULT_DRA_DRIVER
@@ -78,9 +81,19 @@ def build_node(root: Path) -> FakeNode:
     return node
 
 
-def build_pool(root: Path, programming: bool = True) -> Pool:
-    devices = DeviceSet.of(make_backend("auto", build_node(root).config()).scan())
-    return pool_of(DRIVER, NODE, devices, programming=programming)
+def build_pool(root: Path, programming: bool = True, tools: bool = False) -> Pool:
+    """The pool serve publishes for the node; ``tools``: XRT's and the AWS SDK's tools are
+    on the node (stand-ins), so Alveo cards and AWS slots are programmable too."""
+    node = build_node(root / "node")
+    args = ["discover", "--programming", "on" if programming else "off",
+            "--dev-root", str(node.dev_root)]
+    if tools:
+        stand_ins = write_stand_in_tools(root / "tools", node)
+        args += ["--xbutil", str(stand_ins.xbutil), "--fpga-load-local-image",
+                 str(stand_ins.load), "--fpga-describe-local-image", str(stand_ins.describe)]
+    why_not = why_not_programmable(parse(args))
+    devices = DeviceSet.of(make_backend("auto", node.config()).scan())
+    return pool_of(DRIVER, NODE, devices, programmable=lambda d: why_not(d) is None)
 
 
 def published(pool: Pool) -> list[dict[str, Any]]:
@@ -121,19 +134,19 @@ def test_without_programming_nlb0_selects_only_ports_holding_it(tmp_path):
 
 def test_the_alveo_class_selects_the_card_holding_its_xclbin(tmp_path):
     devices = published(build_pool(tmp_path))
-    # Alveo cards are not programmable yet (no loader here): only the loaded card fits, and
+    # Without xbutil on the node no card is programmable: only the loaded card fits, and
     # the card without an xclbin is a mismatch, not an evaluation error.
     assert selected(CLASSES["alveo"], devices) == {"pci-0000-17-00-1"}
+    # With it, both cards of the shell the xclbin was built for.
+    loadable = published(build_pool(tmp_path / "tools", tools=True))
+    assert selected(CLASSES["alveo"], loadable) == {"pci-0000-17-00-1", "pci-0000-27-00-1"}
 
 
 def test_the_aws_class_selects_programmable_f1_slots_only(tmp_path):
     devices = published(build_pool(tmp_path))
-    # No AWS loader yet: no slot is programmable, so none is selected.
+    # Without the SDK's tools no slot is programmable, so none is selected.
     assert selected(CLASSES["aws"], devices) == set()
-    loadable = copy.deepcopy(devices)
-    for device in loadable:
-        if device["attributes"]["family"] == {"string": "aws"}:
-            device["attributes"]["programmable"] = {"bool": True}
+    loadable = published(build_pool(tmp_path / "tools", tools=True))
     (f1,) = [d["name"] for d in loadable if d["attributes"].get("platform") == {"string": "f1"}]
     assert selected(CLASSES["aws"], loadable) == {f1}
 

@@ -31,7 +31,8 @@ def test_an_agfi_is_loaded_by_id_alone() -> None:
 
 
 @pytest.mark.parametrize(("fields", "words"), [
-    ({"afuID": AFU, "image": "a.gbs", "afuId": AFU}, "unknown field 'afuId' (did you mean 'afuID'?)"),
+    ({"afuID": AFU, "image": "a.gbs", "afuId": AFU},
+     "unknown field 'afuId' (did you mean 'afuID'?)"),
     ({"image": "a.gbs"}, "exactly one of afuID or xclbinUUID or agfiID"),
     ({"afuID": AFU, "xclbinUUID": AFU, "image": "a"}, "afuID and xclbinUUID are both given"),
     ({"afuID": AFU}, "image is required with afuID"),
@@ -51,7 +52,7 @@ def test_every_malformed_configuration_names_its_problem(fields: dict[str, Any],
 
 
 def test_the_kind_and_version_must_be_the_drivers() -> None:
-    with pytest.raises(ValueError, match="apiVersion 'other.io/v1alpha1'"):
+    with pytest.raises(ValueError, match=r"apiVersion 'other\.io/v1alpha1'"):
         parse_function(DRIVER, {**params(afuID=AFU, image="a"),
                                 "apiVersion": "other.io/v1alpha1"}, "here", True)
     with pytest.raises(ValueError, match="kind 'FpgaFunctions' is not 'FpgaFunction'"):

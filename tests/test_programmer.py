@@ -170,6 +170,7 @@ async def test_a_device_another_claim_holds_is_never_reprogrammed(
     programmer.claim_started("being-prepared", [PORT])
     with pytest.raises(ProgrammingRefused, match="being-prepared"):
         await programmer.ensure("ns/c", "u", PORT, spec(NLB3_AFU_ID, "nlb3.gbs"), nobody)
+    assert loader.jobs == []
     programmer.claim_finished("being-prepared")
     assert (await programmer.ensure("ns/c", "u", PORT, spec(NLB3_AFU_ID, "nlb3.gbs"),
                                     nobody)).result == LOADED

@@ -85,14 +85,6 @@ PROGRAMMING_FLAGS = ("programming", "image-library", "image-max-bytes", "intel-l
 component's variables name them."""
 
 
-def pending_programming_flags() -> set[str]:
-    """The programming flags serve does not read yet: settings the manifests already carry
-    for flags that are being added to serve. Empty once serve reads them all, so the checks
-    that allow these names are then as strict as before."""
-    known = {option.key for option in config.build_parser().commands["serve"].options}
-    return set(PROGRAMMING_FLAGS) - known
-
-
 def parts(name: str) -> set[str]:
     """The components a kustomization (overlay or combination) is made of, with those they
     bring along."""

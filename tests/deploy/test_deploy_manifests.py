@@ -25,7 +25,6 @@ from deploy_support import (
     load_yaml_file,
     minor,
     parts,
-    pending_programming_flags,
     pod_spec,
     quantity,
 )
@@ -300,8 +299,7 @@ def parse_serve(args: list[str], monkeypatch: pytest.MonkeyPatch) -> config.Sett
 @pytest.mark.parametrize("name", ALL)
 def test_environment_is_understood_by_serve_and_healthcheck(rendered, name, monkeypatch):
     values = env(rendered[name])
-    pending = {config._env(f"--{flag}") for flag in pending_programming_flags()}
-    unknown = set(values) - _flag_variables() - pending
+    unknown = set(values) - _flag_variables()
     assert not unknown, f"no flag reads {sorted(unknown)}"
     # Only NODE_NAME comes from elsewhere: --node-name's default, from the downward API.
     assert set(env_from(rendered[name])) <= {"NODE_NAME"}

@@ -19,7 +19,6 @@ from deploy_support import (
     daemonset,
     env,
     env_from,
-    pending_programming_flags,
 )
 from helm_render import (
     CHART,
@@ -119,7 +118,7 @@ def overlay_environment(objects: list[dict[str, Any]]) -> dict[str, str]:
 @pytest.mark.parametrize("name", example_names())
 def test_config_keys_are_serve_flags(name):
     objects = render(example_values(name))
-    known = serve_flags() | pending_programming_flags()
+    known = serve_flags()
     for ds in pools(objects):
         keys = set(config_file(objects, ds))
         assert keys <= known, f"no serve flag {sorted(keys - known)}"
