@@ -29,6 +29,8 @@ def _demo_without(module: str, node: str) -> subprocess.CompletedProcess[str]:
     ("compat_tests.demo_migrate", "migrate"),
     ("aiohttp", "migrate"),
     ("cryptography", "migrate"),
+    ("compat_tests.demo_program", "program"),
+    ("celpy", "program"),
 ])
 def test_missing_demo_code_or_extra_exits_2_saying_how_to_get_it(missing, node):
     done = _demo_without(missing, node)

@@ -157,6 +157,24 @@ def test_demo_runs_the_whole_story(kind: str) -> None:
     assert "exit code 0; files left in the device-plugin directory: none" in out
 
 
+def test_programming_demo_loads_the_function_a_pod_asks_for() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "plugin", "demo", "--node", "program"], capture_output=True,
+        text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "programmable True" in out and "config from FromClass" in out
+    assert "request 0xb680 (DFL_FPGA_FME_PORT_PR), argsz 24, port_id 0, 8192 bytes: the " \
+        "GBS's bitstream exactly" in out
+    assert "republished with afuID d8424dc4a4a3c413f89e433683f9040b" in out
+    assert "the container gets ACCELERATOR_UNITS=" in out
+    assert "FunctionLoaded=True (Loaded)" in out
+    assert "Normal  FunctionLoaded  Device 0000:3b:00.0: afuID d8424dc4" in out
+    assert "loads this time: 0 (the port holds nlb0: the fast path)" in out
+    assert "was loaded already" in out and "exit code 0" in out
+
+
 def test_migration_demo_moves_one_node_to_dra_and_back() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "plugin", "demo", "--node", "migrate"], capture_output=True,

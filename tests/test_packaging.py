@@ -184,6 +184,7 @@ def test_runtime_code_imports_the_source_tree_only_code_in_one_guarded_place() -
     ("plugin.cli.main", SHIPPED, ()),
     ("compat_tests.demo", SHIPPED | {SOURCE_TREE_ONLY}, ("demo",)),
     ("compat_tests.demo_migrate", SHIPPED | {SOURCE_TREE_ONLY}, ("demo",)),
+    ("compat_tests.demo_program", SHIPPED | {SOURCE_TREE_ONLY}, ("demo",)),
 ])
 def test_an_install_brings_every_package_the_code_imports(built, entry, follow, extras) -> None:
     available = _installed_by(built[0], *extras)

@@ -115,7 +115,7 @@ def discover(settings: Settings) -> int:
 # What the demo needs beyond a node install: its own code, which lives in the source tree's
 # compat_tests/ and is in no wheel, and the third-party packages of the `demo` extra.
 DEMO_ONLY_MODULES = frozenset({"compat_tests", "aiohttp", "cryptography", "multidict",
-                               "kubernetes_validate", "jsonschema", "referencing"})
+                               "kubernetes_validate", "jsonschema", "referencing", "celpy"})
 DEMO_MISSING = ("accelerator-device-plugin: error: the demo is not part of this install (no "
                 "module {module!r}): in a source checkout run `make demo`, or `pip install "
                 "'.[demo]'` and then `python -m plugin demo` from the checkout's root")
@@ -144,6 +144,10 @@ def _demo_story(node: str) -> Coroutine[object, object, int]:
         from compat_tests.demo_migrate import run_migration_demo
 
         return run_migration_demo()
+    if node == "program":
+        from compat_tests.demo_program import run_programming_demo
+
+        return run_programming_demo()
     from compat_tests.demo import run_demo
 
     return run_demo(node)

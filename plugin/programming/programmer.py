@@ -77,7 +77,7 @@ class Outcome:
     def message(self) -> str:
         if self.result == SKIPPED:
             return f"{_shown(self.spec)} was loaded already"
-        return f"{_shown(self.spec)} loaded by {self.loader} in {self.seconds:.1f} s"
+        return f"{_shown(self.spec)} loaded by {self.loader} in {self.seconds:.2f} s"
 
 
 Told = Callable[[str, str, str, str], None]
