@@ -291,3 +291,21 @@ def test_what_to_clear_survives_a_restart_and_a_damaged_record_is_said(
     (tmp_path / "programming-clears.json").write_text("{not json")
     assert PendingClears(tmp_path).pending == {}
     assert "cannot be read" in caplog.text
+
+
+def test_an_image_header_is_read_again_when_the_file_changes_or_leaves_the_library(
+        node: FakeNode, library: ImageLibrary, tmp_path: Path) -> None:
+    checks = ImageChecks(library)
+    device = next(d for d in make_backend("intel", node.config()).scan() if d.id == PORT)
+    nlb3 = spec(NLB3_AFU_ID, "nlb3.gbs")
+    checks.check(nlb3, device)  # read and remembered
+    # Replaced in place by another function's image: read again, and refused.
+    (library.root / "nlb3.gbs").write_bytes(build_gbs(afu_ids=(NLB0_AFU_ID,)) + b"\0")
+    with pytest.raises(ValueError, match="holds AFU ID d8424dc4"):
+        checks.check(nlb3, device)
+    # Replaced by a symlink to a good image outside the library: refused, however remembered.
+    outside = write_image(tmp_path / "elsewhere", "nlb3.gbs", build_gbs(afu_ids=(NLB3_AFU_ID,)))
+    (library.root / "nlb3.gbs").unlink()
+    (library.root / "nlb3.gbs").symlink_to(outside)
+    with pytest.raises(ValueError, match="outside the image library"):
+        checks.check(nlb3, device)

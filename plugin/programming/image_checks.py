@@ -80,21 +80,33 @@ class ImageChecks:
                              "image files")
 
     def _header(self, name: str, kind: str) -> Header:
+        """The header of ``name``, parsed once per file version.
+
+        A hit costs one ``stat`` of the name as given: the full containment check (the
+        resolved path inside the library) runs when the file is first read or has changed,
+        and again whenever a loader opens it, so what is read is always inside."""
+        try:
+            info = os.stat(self.library.root / name)
+        except OSError:
+            info = None
+        known = self._headers.get((name, kind))
+        if info is not None and known is not None and known[0] == _identity(info):
+            return known[1]
         real = self.library.resolve(name)
         try:
             info = os.stat(real)
         except OSError as exc:
             raise ValueError(f"image {name!r} cannot be read: {exc.strerror}") from None
-        identity = _Identity(info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
-        known = self._headers.get((name, kind))
-        if known is not None and known[0] == identity:
-            return known[1]
         header: Header = (self.library.read_gbs(name) if kind == "gbs"
                           else self.library.read_xclbin(name))
         if len(self._headers) >= MAX_REMEMBERED:
             self._headers.pop(next(iter(self._headers)))
-        self._headers[(name, kind)] = (identity, header)
+        self._headers[(name, kind)] = (_identity(info), header)
         return header
+
+
+def _identity(info: os.stat_result) -> _Identity:
+    return _Identity(info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
 
 
 def held_function(device: Device) -> str | None:
