@@ -26,9 +26,11 @@ atexit.register(_dump)
 """
 DRA_ONLY = ("lightkube", "httpx2", "httpcore2", "plugin.serving.dra.driver",
             "plugin.serving.dra.apiserver", "plugin.serving.dra.publisher",
-            "plugin.process.events", "plugin.process.node_events", "plugin.serving.events_api")
+            "plugin.process.events", "plugin.process.node_events", "plugin.serving.events_api",
+            "plugin.programming.programmer", "plugin.programming.gbs",
+            "plugin.programming.loaders.base")
 """Kubernetes Events (on by default with API access) are of the same kind: off by default
-for the device plugin, and then not imported."""
+for the device plugin, and then not imported; so is programming (DRA only)."""
 
 
 async def test_a_device_plugin_node_never_imports_the_dra_side(kubelet, plugin, tmp_path,
@@ -64,4 +66,5 @@ async def test_the_same_check_sees_the_dra_side_where_dra_is_asked_for(kubelet, 
     os.kill(daemon.pid, signal.SIGTERM)
     assert await daemon.terminate() == 0
     held = set(json.loads(out.read_text()))
-    assert {"lightkube", "plugin.serving.dra.driver", "plugin.process.node_events"} <= held
+    assert {"lightkube", "plugin.serving.dra.driver", "plugin.process.node_events",
+            "plugin.programming.programmer"} <= held

@@ -19,9 +19,12 @@ from typing import Any, NoReturn
 
 from api_versions.retry import RetryPolicy
 from plugin.cli.sources import CONFIG_KEY, UNSET, Option, Origin, SettingError, resolve
-from plugin.model.programming import INTEL_LOADERS, PROGRAMMING_MODES
+from plugin.model.programming import (
+    DEFAULT_MAX_IMAGE_BYTES,
+    INTEL_LOADERS,
+    PROGRAMMING_MODES,
+)
 from plugin.model.resource_names import dns_subdomain_problem, resource_name_problem
-from plugin.programming.library import DEFAULT_MAX_BYTES
 from plugin.serving.cdi import DEFAULT_SPEC_DIR
 from plugin.serving.cdi import STRATEGIES as CDI_STRATEGIES
 from plugin.serving.deviceplugin.channels import DEFAULT_REGISTRY
@@ -96,7 +99,7 @@ class Settings:
     """``on``: a claim's function is loaded onto devices that do not hold it (DRA), and
     devices with a loader on this node are published (and shown) programmable."""
     image_library: Path = DEFAULT_IMAGE_LIBRARY
-    image_max_bytes: int = DEFAULT_MAX_BYTES
+    image_max_bytes: int = DEFAULT_MAX_IMAGE_BYTES
     intel_loader: str = "ioctl"
     fpgaconf: Path = Path("/usr/bin/fpgaconf")
     xbutil: Path = Path("/opt/xilinx/xrt/bin/xbutil")
@@ -316,7 +319,7 @@ def _add_programming_flag(parser: OneLineParser) -> None:
     env.add("--image-library", default=DEFAULT_IMAGE_LIBRARY, convert=Path,
             help="the directory of image files (GBS, xclbin) claims may name; nothing "
                  "outside it is ever read")
-    env.add("--image-max-bytes", default=DEFAULT_MAX_BYTES, convert=_byte_count,
+    env.add("--image-max-bytes", default=DEFAULT_MAX_IMAGE_BYTES, convert=_byte_count,
             help="largest image file accepted")
     env.add("--intel-loader", default="ioctl", choices=INTEL_LOADERS,
             help="how Intel ports are programmed: ioctl (the FME's port-PR ioctl, no tool "

@@ -23,6 +23,8 @@ PROGRAMMING_MODES = ("off", "on")
 """Values of ``--programming``."""
 INTEL_LOADERS = ("ioctl", "fpgaconf")
 """Values of ``--intel-loader``."""
+DEFAULT_MAX_IMAGE_BYTES = 512 * 1024 * 1024
+"""``--image-max-bytes``: the largest image file read (a big Agilex GBS is about 100 MiB)."""
 FME_NODE = "fme_node"
 """Discovery fact: the host path of the FME device node of an Intel port's card."""
 

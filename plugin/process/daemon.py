@@ -36,8 +36,6 @@ from plugin.process.readiness import node_readiness
 from plugin.process.signals import Meaning, SignalRouter, name_of
 from plugin.process.supervise import MAX_DELAY, supervise
 from plugin.process.ticks import sleep_to_tick
-from plugin.programming.loaders.base import Loader
-from plugin.programming.quarantine import Quarantine
 from plugin.serving.cdi import CdiPolicy, SpecWriter
 from plugin.serving.deviceplugin.server import ResourceServer, Timing
 from plugin.version import VERSION
@@ -45,6 +43,8 @@ from plugin.version import VERSION
 if TYPE_CHECKING:
     from plugin.process.node_events import NodeEvents
     from plugin.process.probe_server import ProbeServer
+    from plugin.programming.loaders.base import Loader
+    from plugin.programming.quarantine import Quarantine
 
 log = logging.getLogger(__name__)
 
@@ -94,9 +94,13 @@ class Daemon:
             from plugin.process.node_events import NodeEvents
 
             self.node_events = NodeEvents.for_settings(self.settings)
-        self.quarantine = Quarantine(dra_state_dir(self.settings), self._quarantine_changed) \
-            if dra and self.settings.programming == "on" else None
-        """Devices a failed load left Unhealthy (see :mod:`plugin.programming.quarantine`)."""
+        self.quarantine: Quarantine | None = None
+        """Devices a failed load left Unhealthy (see :mod:`plugin.programming.quarantine`);
+        imported only with programming on, as the device plugin never loads anything."""
+        if dra and self.settings.programming == "on":
+            from plugin.programming.quarantine import Quarantine
+
+            self.quarantine = Quarantine(dra_state_dir(self.settings), self._quarantine_changed)
         self._republishing: set[asyncio.Task[None]] = set()
         events = self.node_events
         self.dra_side = DraSide(self.settings, self._cdi, self._stop.is_set,

@@ -39,14 +39,14 @@ from plugin.model.feed import DeviceFeed
 from plugin.model.held import DRA, Held, nothing
 from plugin.process.api_label import NO_LABEL, LabelReader, Override, Pin
 from plugin.process.supervise import supervise
-from plugin.programming.loaders.base import Loader
-from plugin.programming.programmer import Told
-from plugin.programming.quarantine import Quarantine
 from plugin.serving.cdi import CdiPolicy, SpecWriter
 from plugin.serving.holds import HoldWatch
 from plugin.serving.routing import FileIdentity, identity
 
 if TYPE_CHECKING:
+    from plugin.programming.loaders.base import Loader
+    from plugin.programming.programmer import Told
+    from plugin.programming.quarantine import Quarantine
     from plugin.serving.dra.driver import DraDriver
     from plugin.serving.dra.node_labels import NodeLabelWatch
 
@@ -87,7 +87,7 @@ class DraSide:
         self.settings = settings
         self._rescan = rescan
         """Asks discovery for a scan now (a load shows in the next one)."""
-        self.quarantine = quarantine or Quarantine(None)
+        self.quarantine = quarantine
         self._programmed = programmed
         """Told of each load (Events)."""
         self._loaders = loaders
@@ -156,8 +156,11 @@ class DraSide:
             chosen_per_kubelet=settings.api == "auto",
             kubelet_socket=settings.device_plugin_dir / KUBELET_SOCKET,
             pod_resources_socket=settings.pod_resources_socket)
-        programmer = programmer_for(settings, self.quarantine, lambda: feed.current,
-                                    self._rescan, self._programmed, self._loaders)
+        from plugin.programming.quarantine import Quarantine
+
+        programmer = programmer_for(settings, self.quarantine or Quarantine(None),
+                                    lambda: feed.current, self._rescan, self._programmed,
+                                    self._loaders)
         self.driver = DraDriver(place, feed, self.cdi_ids, resources=lambda: self._resources,
                                 say_held=self._held, programmer=programmer)
         self._watch_label(settings.node_name)

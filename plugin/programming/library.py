@@ -23,10 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO, TypeVar
 
+from plugin.model.programming import DEFAULT_MAX_IMAGE_BYTES
 from plugin.programming.gbs import GbsImage, read_gbs
 from plugin.programming.xclbin import XclbinImage, read_xclbin
 
-DEFAULT_MAX_BYTES = 512 * 1024 * 1024
+DEFAULT_MAX_BYTES = DEFAULT_MAX_IMAGE_BYTES
 _T = TypeVar("_T")
 
 
