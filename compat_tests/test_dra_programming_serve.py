@@ -94,14 +94,15 @@ class World:
 
 
 async def running(tmp_path: Path, sockdir: Path, logdir: Path, *extra: str,
-                  fail: str | None = None) -> AsyncIterator[World]:
+                  fail: str | None = None, delay: float = 0.0,
+                  call_timeout: float | None = None) -> AsyncIterator[World]:
     node = build_mixed_node(tmp_path / "node")
     library = tmp_path / "images"
     write_image(library, "intel/nlb3.gbs", build_gbs(
         afu_ids=(NLB3_AFU_ID,), interface_id=dashed(DEFAULT_INTERFACE_ID)))
     write_image(library, "alveo/app.xclbin", build_xclbin(XclbinSpec(
         interface_uuid=dashed(ALVEO_INTERFACE))))
-    tools = write_stand_in_tools(tmp_path / "tools", node, fail=fail)
+    tools = write_stand_in_tools(tmp_path / "tools", node, fail=fail, delay=delay)
     registry = sockdir / "registry"
     registry.mkdir()
     async with ApiServerEmulator("1.36") as api:
@@ -112,7 +113,9 @@ async def running(tmp_path: Path, sockdir: Path, logdir: Path, *extra: str,
         kubelet = KubeletEmulator(sockdir, "1.36", plugins_registry=registry,
                                   reconcile_period=0.05,
                                   dra=DraConfig(**FAST_DRA, node_name=NODE,
-                                                wipe_slices=wiper(api)))
+                                                wipe_slices=wiper(api),
+                                                **({"call_timeout": call_timeout}
+                                                   if call_timeout else {})))
         await kubelet.start()
         arguments = [
             "--api", "dra", "--node-name", NODE, "--kubeconfig", str(kubeconfig),
@@ -249,6 +252,27 @@ async def test_a_failed_load_is_the_claims_error_and_leaves_the_device_unhealthy
     assert result.ok, result.error
     await until(lambda: not world.published()[DFL_PORT]["taints"], "untainted")
     await until(lambda: _health(world, DFL_PORT) == "Healthy", "Healthy to the kubelet")
+
+
+@pytest.fixture
+async def slow(tmp_path: Path, sockdir: Path, logdir: Path) -> AsyncIterator[World]:
+    """Loads that take 3 s, and a kubelet that gives each call 1.5 s."""
+    async for w in running(tmp_path, sockdir, logdir, delay=3.0, call_timeout=1.5):
+        yield w
+
+
+async def test_a_load_longer_than_the_kubelets_call_goes_on_and_is_found_done(
+        slow: World) -> None:
+    ref = slow.claim("nlb3", DFL_PORT, function(afuID=NLB3_AFU_ID, image="intel/nlb3.gbs"))
+    first = await slow.prepare(ref)
+    # Answered before the kubelet's deadline, saying why: the load is still going on.
+    assert f"still loading afuID {NLB3_AFU_ID} onto {DFL_BDF}" in first.error, first.error
+    # The kubelet calls again, as it does: the load was not cut off, and is not started twice.
+    await until(lambda: slow.published()[DFL_PORT]["afuID"] == NLB3, "the load done", 10.0)
+    again = await slow.prepare(ref)
+    assert again.ok, again.error
+    assert len(slow.tools.invocations("fpgaconf")) == 1
+    assert not slow.published()[DFL_PORT]["taints"]
 
 
 def _status(world: World, claim: str) -> list[dict[str, Any]]:

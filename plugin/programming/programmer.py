@@ -109,6 +109,8 @@ class Programmer:
         self._loading: dict[str, asyncio.Task[Outcome]] = {}
         """Device ID -> the load going on now (it outlives a call the kubelet gave up)."""
         self._loading_for: dict[str, str] = {}
+        self.waiting: dict[str, str] = {}
+        """Claim UID -> the load it waits for now, for a kubelet call that times out."""
         self._claimed: dict[str, set[str]] = {}
         """Device ID -> UIDs of claims being prepared on it now (not yet recorded)."""
         self.outcomes: dict[tuple[str, str], Outcome] = {}
@@ -209,7 +211,11 @@ class Programmer:
         # Shielded: the kubelet giving up on its call must not cut a load off half-way
         # (a card left half-programmed); the load goes on, and the kubelet's next call for
         # this claim finds it done, or waits for it.
-        outcome = await asyncio.shield(loading)
+        self.waiting[uid] = f"loading {_shown(spec)} onto {device_id}"
+        try:
+            outcome = await asyncio.shield(loading)
+        finally:
+            self.waiting.pop(uid, None)
         return self._done(uid, replace(outcome, device_id=device_id), began)
 
     async def _locked_load(self, claim: str, uid: str, device_id: str, spec: FunctionSpec,

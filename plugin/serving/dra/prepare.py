@@ -192,15 +192,14 @@ class ClaimPreparer:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
+        loading = dict(self.programmer.waiting) if self.programmer is not None else {}
         for task in late:
             task.cancel()
         await asyncio.gather(*late, return_exceptions=True)
         prepared = []
         for task, ref in tasks.items():
             if task in late:
-                results[ref.uid] = ClaimResult(error=(
-                    f"claim {describe(ref)} could not be prepared within {timeout:.0f} s "
-                    "(API server slow?); the kubelet will call again"))
+                results[ref.uid] = ClaimResult(error=self._late(ref, timeout, loading))
                 continue
             exc = task.exception()
             if exc is None:
@@ -214,6 +213,16 @@ class ClaimPreparer:
                     f"claim {describe(ref)}: internal error of the driver: "
                     f"{type(exc).__name__}: {exc}"))
         return prepared
+
+    @staticmethod
+    def _late(ref: ClaimRef, timeout: float | None, loading: Mapping[str, str]) -> str:
+        """What a claim still being prepared at the call's deadline is answered."""
+        what = loading.get(ref.uid)
+        if what is not None:
+            return (f"claim {describe(ref)}: still {what} after {timeout:.0f} s; the load "
+                    "goes on, and the kubelet's next call finds it done or waits for it")
+        return (f"claim {describe(ref)} could not be prepared within {timeout:.0f} s "
+                "(API server slow?); the kubelet will call again")
 
     async def _prepare_one(self, ref: ClaimRef) -> PreparedClaim:
         allocation = await self._read(ref)
