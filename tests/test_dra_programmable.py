@@ -6,6 +6,7 @@ A DeviceClass selects where a function can go by the device's interface, what it
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -179,3 +180,30 @@ def test_alveo_and_aws_are_programmable_where_their_tools_are(tmp_path: Path) ->
     assert on["pci-0000-00-0f-0"] is True and on["pci-0000-34-00-0"] is True
     (tools / "xbutil").chmod(0o644)  # not executable: not a way in
     assert why_not(devices.get("0000:17:00.1")) is not None
+
+
+def test_discover_asks_the_aws_sdk_which_agfi_a_slot_holds(tmp_path: Path) -> None:
+    import asyncio
+
+    from compat_tests.fake_fpga_tools import write_stand_in_tools
+    from plugin.programming.setup import functions_only_tools_tell
+
+    node = mixed(tmp_path / "node")
+    tools = write_stand_in_tools(tmp_path / "tools", node)
+    args = ["discover", "--programming", "on", "--dev-root", str(node.dev_root),
+            "--fpga-load-local-image", str(tools.load),
+            "--fpga-describe-local-image", str(tools.describe)]
+    settings = parse(args)
+    devices = make_backend("auto", node.config()).scan()
+    assert asyncio.run(functions_only_tools_tell(settings, devices)) == {}  # nothing loaded
+    agfi = "agfi-0fcf87119b8e97bf3"
+    subprocess.run([str(tools.load), "-S", "0", "-I", agfi, "-H"], check=True,
+                   capture_output=True)
+    told = asyncio.run(functions_only_tools_tell(settings, devices))
+    assert told == {"0000:00:0f.0": agfi}
+    table = render_table(devices, why_not=why_not_programmable(settings), told=told)
+    assert agfi in next(line for line in table.splitlines() if line.startswith("0000:00:0f.0"))
+    records = {r["id"]: r for r in json.loads(render_json(devices, told=told))}
+    assert records["0000:00:0f.0"]["agfi_id"] == agfi
+    assert records["0000:34:00.0"]["agfi_id"] is None
+    assert asyncio.run(functions_only_tools_tell(parse(args[:1] + args[3:]), devices)) == {}

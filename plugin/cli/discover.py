@@ -14,7 +14,7 @@ config file), since a setting nobody remembers making is the other usual answer;
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from plugin.cli.sources import Origin, describe
 from plugin.model.devices import Device
@@ -26,12 +26,12 @@ NONE = "-"
 
 
 def render_table(devices: Sequence[Device], origins: Sequence[Origin] = (),
-                 why_not: WhyNot = never_why) -> str:
+                 why_not: WhyNot = never_why, told: Mapping[str, str] | None = None) -> str:
     """Aligned columns, one line per device; a line saying so when there are none.
 
     A last line, after a blank one, names the settings given and where from, if any were.
     """
-    rows = [_cells(d, why_not) for d in devices]
+    rows = [_cells(d, why_not, (told or {}).get(d.id)) for d in devices]
     widths = [max(len(r[i]) for r in [COLUMNS, *rows]) for i in range(len(COLUMNS))]
 
     def line(cells: Sequence[str]) -> str:
@@ -45,19 +45,22 @@ def render_table(devices: Sequence[Device], origins: Sequence[Origin] = (),
     return "\n".join(lines)
 
 
-def render_json(devices: Sequence[Device], why_not: WhyNot = never_why) -> str:
-    """One object per device, with every attribute discovery kept."""
-    return json.dumps([_record(d, why_not) for d in devices], indent=2)
+def render_json(devices: Sequence[Device], why_not: WhyNot = never_why,
+                told: Mapping[str, str] | None = None) -> str:
+    """One object per device, with every attribute discovery kept; ``told``: device ID ->
+    the function a vendor tool says it holds (AWS slots)."""
+    return json.dumps([_record(d, why_not, (told or {}).get(d.id)) for d in devices],
+                      indent=2)
 
 
-def _cells(device: Device, why_not: WhyNot) -> tuple[str, ...]:
+def _cells(device: Device, why_not: WhyNot, told: str | None) -> tuple[str, ...]:
     return (
         device.id,
         device.backend,
         device.attribute("driver") or NONE,
         ",".join(n.host_path for n in device.nodes) or NONE,
         NONE if device.numa_node is None else str(device.numa_node),
-        loaded(device) or NONE,
+        " ".join(filter(None, (loaded(device), told))) or NONE,
         "no" if why_not(device) else "yes",
         device.health.value,
         device.health_reason or NONE,
@@ -79,7 +82,7 @@ def loaded(device: Device) -> str:
     return ""
 
 
-def _record(device: Device, why_not: WhyNot) -> dict[str, object]:
+def _record(device: Device, why_not: WhyNot, told: str | None) -> dict[str, object]:
     reason = why_not(device)
     return {
         "id": device.id,
@@ -94,6 +97,7 @@ def _record(device: Device, why_not: WhyNot) -> dict[str, object]:
         "afu_id": device.attribute("afu_id") or None,
         "shell": device.attribute("shell") or None,
         "xclbin_uuid": device.attribute("xclbin_uuid") or None,
+        "agfi_id": told if device.backend == "aws" else None,
         "programmable": reason is None,
         "not_programmable_because": reason,
         "health": device.health.value,

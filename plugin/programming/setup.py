@@ -7,15 +7,15 @@ disagree.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from plugin.cli.config import Settings, dra_state_dir
-from plugin.model.devices import DeviceSet
+from plugin.model.devices import Device, DeviceSet
 from plugin.model.programming import WhyNot, never_why
-from plugin.programming.image_checks import ImageChecks
+from plugin.programming.image_checks import ImageChecks, held_function
 from plugin.programming.library import ImageLibrary
-from plugin.programming.loaders.base import Loader
+from plugin.programming.loaders.base import Loader, LoadFailed
 from plugin.programming.pending_clears import PendingClears
 from plugin.programming.programmer import Programmer, Told, unavailable
 from plugin.programming.quarantine import Quarantine
@@ -52,3 +52,26 @@ def programmer_for(settings: Settings, quarantine: Quarantine,
                       devices=devices, rescan=rescan, driver=settings.dra_driver_name,
                       timeout=settings.program_timeout, told=told,
                       clears=PendingClears(dra_state_dir(settings)))
+
+
+async def functions_only_tools_tell(settings: Settings, devices: Iterable[Device]
+                                    ) -> dict[str, str]:
+    """Device ID -> the function its loader reads (AWS slots: the SDK's describe), for
+    ``discover``; only with programming on (the tools' paths are then meant), and only
+    for devices whose function sysfs does not show. A tool that fails says nothing."""
+    if settings.programming != "on":
+        return {}
+    loaders = loaders_for(settings)
+    found = {}
+    for device in devices:
+        loader = loaders.get(device.backend)
+        if held_function(device) is not None or loader is None or \
+                loader.unavailable(device) is not None:
+            continue
+        try:
+            function = await loader.loaded(device)
+        except LoadFailed:
+            continue
+        if function:
+            found[device.id] = function
+    return found
