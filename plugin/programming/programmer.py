@@ -137,6 +137,14 @@ class Programmer:
         for device_id in device_ids:
             self._claimed.setdefault(device_id, set()).add(uid)
 
+    def configuration_refused(self, device_ids: Iterable[str]) -> None:
+        """A claim's configuration could not be read: each of its devices counts as refused."""
+        devices = self._devices()
+        for device_id in device_ids:
+            device = devices.get(device_id)
+            metrics.dra_programming(self.driver, device.backend if device else "", "",
+                                    REFUSED, 0.0)
+
     def claim_finished(self, uid: str) -> None:
         """The claim is recorded, or refused: the checkpoint speaks for it from now on."""
         for device_id in [d for d, uids in self._claimed.items() if uid in uids]:

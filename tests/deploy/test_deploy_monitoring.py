@@ -31,6 +31,7 @@ RULES_FILE = COMPONENTS_DIR / "monitoring" / "prometheusrule.yaml"
 JOB = "accelerator-device-plugin"
 ALERTS = {"AcceleratorResourceNotRegistered", "AcceleratorDevicesUnhealthy",
           "AcceleratorDraSlicesOutOfSync", "AcceleratorDraClaimErrors",
+          "AcceleratorDeviceLoadFailed", "AcceleratorFunctionLoadsFailing",
           "AcceleratorDevicePluginMetricsDown"}
 RESOURCE = "b-com.com/accelerator"
 DRIVER = "accelerator.b-com.com"
@@ -206,6 +207,23 @@ SERIES = [
     # j: unprepare errors all along.
     (f'accelerator_device_plugin_dra_claims_total{{driver="{DRIVER}",operation="unprepare",'
      f'result="error",{target("j")}}}', "0+1x30"),
+    # n: a failed load leaves a device in an unknown state at minute 3, and it stays so.
+    (f'accelerator_device_plugin_devices_load_failed{{{target("n")}}}', "0x2 1x40"),
+    # o: one cleared (a load succeeded) at minute 4, before the 5 minutes: quiet.
+    (f'accelerator_device_plugin_devices_load_failed{{{target("o")}}}', "1x3 0x40"),
+    # p: one failed load long ago, then three more at minutes 40, 45 and 50; loads that
+    # succeed all along, which are no failures.
+    (f'accelerator_device_plugin_dra_programming_total{{driver="{DRIVER}",family="intel",'
+     f'loader="ioctl",result="failed",{target("p")}}}', "1x39 2x4 3x4 4x40"),
+    (f'accelerator_device_plugin_dra_programming_total{{driver="{DRIVER}",family="intel",'
+     f'loader="ioctl",result="loaded",{target("p")}}}', "0+2x90"),
+    # q: the first failed load ever at minute 10 (the series appears at 1), then two more
+    # at 12 and 14: three within 30 minutes, of which increase() sees two.
+    (f'accelerator_device_plugin_dra_programming_total{{driver="{DRIVER}",family="alveo",'
+     f'loader="xbutil",result="failed",{target("q")}}}', "_x10 1x1 2x1 3x80"),
+    # r: two failed loads only, the series new: quiet.
+    (f'accelerator_device_plugin_dra_programming_total{{driver="{DRIVER}",family="aws",'
+     f'loader="fpga-load-local-image",result="failed",{target("r")}}}', "_x10 1x4 2x80"),
     # l: a target that cannot be scraped; m: one that can.
     (f'up{{{target("l")}}}', "0x30"),
     (f'up{{{target("m")}}}', "1x30"),
@@ -237,6 +255,18 @@ CASES = [
     # Ten minutes and more after that one error: quiet again.
     (20, "AcceleratorDraClaimErrors",
      alerts(("j", {"driver": DRIVER, "operation": "unprepare"}))),
+    (7, "AcceleratorDeviceLoadFailed", []),  # pending: for 5m
+    (9, "AcceleratorDeviceLoadFailed", alerts(("n", {}))),
+    (13, "AcceleratorFunctionLoadsFailing", []),  # two failures so far
+    # The third failure of a new series: only the new-series half sees it.
+    (15, "AcceleratorFunctionLoadsFailing",
+     alerts(("q", {"driver": DRIVER, "family": "alveo", "loader": "xbutil"}))),
+    # p's second and third failures in 30 minutes: quiet; its fourth: fires.
+    (48, "AcceleratorFunctionLoadsFailing", []),
+    (52, "AcceleratorFunctionLoadsFailing",
+     alerts(("p", {"driver": DRIVER, "family": "intel", "loader": "ioctl"}))),
+    # More than 30 minutes after the last failure: quiet again.
+    (81, "AcceleratorFunctionLoadsFailing", []),
     (4, "AcceleratorDevicePluginMetricsDown", []),
     (6, "AcceleratorDevicePluginMetricsDown", alerts(("l", {}))),
 ]
@@ -268,15 +298,21 @@ def test_each_alert_fires_on_its_series_and_only_there(promtool, objects, tmp_pa
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_unit_tests_can_fail(promtool, objects, tmp_path):
-    """Without the new-series half, the first DRA error ever goes unseen."""
+@pytest.mark.parametrize(("alert", "minute", "missed"), [
+    ("AcceleratorDraClaimErrors", 7, 'operation="prepare"'),
+    ("AcceleratorFunctionLoadsFailing", 15, 'family="alveo"'),
+])
+def test_unit_tests_can_fail(promtool, objects, tmp_path, alert, minute, missed):
+    """Without the new-series half, the first DRA error ever, or the first three failed
+    loads of a node, go unseen."""
     rule = copy.deepcopy(one(objects, "PrometheusRule"))
     for r in rule["spec"]["groups"][0]["rules"]:
-        if r["alert"] == "AcceleratorDraClaimErrors":
+        if r["alert"] == alert:
             r["expr"] = r["expr"].split("\nor\n")[0]
     rules = rule_file(rule, tmp_path, annotations=False)
-    only = [c for c in CASES if c[0] == 7 and c[1] == "AcceleratorDraClaimErrors"]
+    only = [c for c in CASES if c[0] == minute and c[1] == alert]
+    assert only
     done = run(promtool, "test", "rules", unit_tests(rules, only).name, cwd=tmp_path)
     assert done.returncode != 0
-    assert "AcceleratorDraClaimErrors" in done.stdout + done.stderr
-    assert 'operation="prepare"' in done.stdout + done.stderr, done.stdout + done.stderr
+    assert alert in done.stdout + done.stderr
+    assert missed in done.stdout + done.stderr, done.stdout + done.stderr

@@ -361,6 +361,7 @@ def test_alert_rules_are_the_file_and_name_only_exported_metrics():
     rules = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
     assert set(rules) == {"AcceleratorResourceNotRegistered", "AcceleratorDevicesUnhealthy",
                           "AcceleratorDraSlicesOutOfSync", "AcceleratorDraClaimErrors",
+                          "AcceleratorDeviceLoadFailed", "AcceleratorFunctionLoadsFailing",
                           "AcceleratorDevicePluginMetricsDown"}
     for alert in rules.values():
         used = set(re.findall(r"\b(accelerator_device_plugin_\w+)", alert["expr"]))
@@ -369,6 +370,8 @@ def test_alert_rules_are_the_file_and_name_only_exported_metrics():
     assert 'api="device-plugin"' in rules["AcceleratorResourceNotRegistered"]["expr"]
     assert 'health="Unhealthy"' in rules["AcceleratorDevicesUnhealthy"]["expr"]
     assert 'result="error"' in rules["AcceleratorDraClaimErrors"]["expr"]
+    assert 'result="failed"' in rules["AcceleratorFunctionLoadsFailing"]["expr"]
+    assert rules["AcceleratorDeviceLoadFailed"]["for"] == "5m"
     # The ServiceMonitor gives every target the job the "down" alert names.
     monitor = one(objects, "ServiceMonitor")
     (endpoint,) = monitor["spec"]["endpoints"]

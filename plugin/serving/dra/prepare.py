@@ -243,7 +243,12 @@ class ClaimPreparer:
     async def _program(self, ref: ClaimRef, allocation: ClaimAllocation,
                        devices: tuple[PreparedDevice, ...]) -> None:
         """Each device given the function its request's configuration names, if any."""
-        functions = self._functions(ref, allocation)
+        try:
+            functions = self._functions(ref, allocation)
+        except Refused:
+            if self.programmer is not None:
+                self.programmer.configuration_refused(d.device_id for d in devices)
+            raise
         wanted = [(device, spec) for device in devices
                   if (spec := functions.function_for(device.requests[0])) is not None]
         if not wanted:
