@@ -100,6 +100,10 @@ async def running(tmp_path: Path, sockdir: Path, logdir: Path, *extra: str,
     library = tmp_path / "images"
     write_image(library, "intel/nlb3.gbs", build_gbs(
         afu_ids=(NLB3_AFU_ID,), interface_id=dashed(DEFAULT_INTERFACE_ID)))
+    # A good image outside the library, and a link to it inside: never to be read.
+    outside = write_image(tmp_path / "outside", "nlb3.gbs", build_gbs(
+        afu_ids=(NLB3_AFU_ID,), interface_id=dashed(DEFAULT_INTERFACE_ID)))
+    (library / "escape.gbs").symlink_to(outside)
     write_image(library, "alveo/app.xclbin", build_xclbin(XclbinSpec(
         interface_uuid=dashed(ALVEO_INTERFACE))))
     tools = write_stand_in_tools(tmp_path / "tools", node, fail=fail, delay=delay)
@@ -198,6 +202,7 @@ async def test_a_device_another_prepared_claim_holds_is_not_reprogrammed(world: 
     (function(afuID=NLB3_AFU_ID, image="intel/nlb3.gbs", imag="x"),
      "unknown field 'imag' (did you mean 'image'?)"),
     (function(afuID=NLB3_AFU_ID, image="../tools/fpgaconf"), "must be a path inside"),
+    (function(afuID=NLB3_AFU_ID, image="escape.gbs"), "outside the image library"),
     (function(afuID=DEFAULT_AFU_ID, image="intel/nlb3.gbs"), "holds AFU ID f7df405c"),
     (function(xclbinUUID=XCLBIN_UUID, image="alveo/app.xclbin"),
      "a function of the alveo family, for a intel device"),
@@ -285,3 +290,20 @@ def _health(world: World, device: str) -> str | None:
     assert dra is not None
     record = dra.health(DRIVER).get((NODE, device))
     return None if record is None else record.health
+
+
+async def test_what_was_loaded_stays_in_the_claims_status_across_a_restart(world: World) -> None:
+    ref = world.claim("nlb3", DFL_PORT, function(afuID=NLB3_AFU_ID, image="intel/nlb3.gbs"))
+    assert (await world.prepare(ref)).ok
+    await until(lambda: _status(world, "nlb3"), "the claim's device status written")
+    world.plugin.kill()
+    world.api.clear_requests()
+    world.plugin = world.restart("plugin-again")
+    # The restarted plugin writes the status of the claims it holds again (server-side
+    # apply: what it leaves out is removed); what was loaded is still there.
+    await until(lambda: [r for r in world.api.find_requests(verb="patch", status=200)
+                         if r.subresource == "status" and r.name == "nlb3"],
+                "the status written again by the restarted plugin")
+    entry = _status(world, "nlb3")[0]
+    assert "loaded by fpgaconf in" in entry["data"]["functionLoaded"]
+    assert any(c["type"] == "FunctionLoaded" for c in entry["conditions"])

@@ -109,3 +109,15 @@ def test_a_claims_allocation_carries_its_configurations_in_order() -> None:
         {"source": "FromNowhere", "opaque": {"driver": DRIVER, "parameters": {}}}]}}}}
     with pytest.raises(ValueError, match=r"config\[0\]\.source"):
         parse_claim("v1", bad)
+
+
+def test_a_claims_own_function_keeps_its_classs_clear() -> None:
+    functions = functions_of(DRIVER, [
+        ("FromClass", ("fpga",), params(afuID=AFU, image="nlb0.gbs",
+                                        clearOnUnprepare={"afuID": AFU, "image": "blank.gbs"})),
+        ("FromClaim", ("fpga",), params(afuID="9e1f4ab2c6d3487a8b0e5f1a2c3d4e5f",
+                                        image="mine.gbs")),
+    ])
+    mine = functions.function_for("fpga")
+    assert mine.image == "mine.gbs"
+    assert mine.clear is not None and mine.clear.image == "blank.gbs"

@@ -6,6 +6,7 @@ load; discovery (the real Intel backend) reads the result, as in ``serve``."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -109,6 +110,7 @@ def programmer_for(node: FakeNode, library: ImageLibrary, tmp_path: Path, *,
     programmer = Programmer(enabled=enabled, loaders={"intel": loader},
                             checks=ImageChecks(library), quarantine=Quarantine(tmp_path / "state"),
                             devices=devices, rescan=rescan, driver=DRIVER, timeout=timeout)
+    programmer.take_ownership()  # as the driver does once it holds its socket
     holder.append(programmer)
     return programmer, loader
 
@@ -122,7 +124,7 @@ async def test_a_device_holding_the_function_is_not_programmed(
     programmer, loader = programmer_for(node, library, tmp_path, enabled=False)
     outcome = await programmer.ensure("ns/c", "uid-1", PORT, spec(NLB0_AFU_ID, "nlb0.gbs"), nobody)
     assert outcome.result == SKIPPED and loader.jobs == []
-    assert programmer.outcomes[("uid-1", PORT)] is outcome
+    assert programmer.outcome("uid-1", PORT) == outcome
 
 
 async def test_another_function_is_loaded_and_answered_once_discovery_reads_it(
@@ -171,7 +173,7 @@ async def test_a_device_another_claim_holds_is_never_reprogrammed(
     with pytest.raises(ProgrammingRefused, match="being-prepared"):
         await programmer.ensure("ns/c", "u", PORT, spec(NLB3_AFU_ID, "nlb3.gbs"), nobody)
     assert loader.jobs == []
-    programmer.claim_finished("being-prepared")
+    programmer.claim_finished("being-prepared", recorded=False)
     assert (await programmer.ensure("ns/c", "u", PORT, spec(NLB3_AFU_ID, "nlb3.gbs"),
                                     nobody)).result == LOADED
 
@@ -280,16 +282,24 @@ async def test_a_clear_never_loads_under_a_claim_that_holds_the_device_by_then(
     assert len(loader.jobs) == 1
 
 
-def test_what_to_clear_survives_a_restart_and_a_damaged_record_is_said(
+def test_what_was_loaded_and_what_to_clear_survive_a_restart_and_a_damaged_record_is_said(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from plugin.programming.pending_clears import PendingClears
+    from plugin.programming.claim_record import ClaimRecord, Outcome
 
     clear = spec(NLB0_AFU_ID, "nlb0.gbs")
-    PendingClears(tmp_path).record("u", PORT, clear)
-    assert PendingClears(tmp_path).take("u") == {PORT: clear}
-    assert PendingClears(tmp_path).take("u") == {}
-    (tmp_path / "programming-clears.json").write_text("{not json")
-    assert PendingClears(tmp_path).pending == {}
+    loaded = Outcome(PORT, replace(spec(NLB3_AFU_ID, "nlb3.gbs"), clear=clear), LOADED,
+                     "ioctl", 4.2)
+    ClaimRecord(tmp_path).put("u", loaded)  # not the socket's holder: writes nothing
+    assert ClaimRecord(tmp_path).get("u", PORT) is None
+    owner = ClaimRecord(tmp_path)
+    owner.take_ownership()
+    owner.put("u", loaded)
+    assert ClaimRecord(tmp_path).get("u", PORT) == loaded
+    assert ClaimRecord(tmp_path).get("u", PORT).spec.clear == clear
+    assert owner.take("u") == {PORT: loaded}
+    assert ClaimRecord(tmp_path).take("u") == {}
+    (tmp_path / "programming-claims.json").write_text("{not json")
+    assert ClaimRecord(tmp_path).claims == {}
     assert "cannot be read" in caplog.text
 
 
@@ -309,3 +319,141 @@ def test_an_image_header_is_read_again_when_the_file_changes_or_leaves_the_libra
     (library.root / "nlb3.gbs").symlink_to(outside)
     with pytest.raises(ValueError, match="outside the image library"):
         checks.check(nlb3, device)
+
+
+# --- races: claims, clears and loads on one card --------------------------------------------
+
+def with_clear(afu: str, image: str, clear_afu: str, clear_image: str):  # type: ignore[no-untyped-def]
+    return parse_function(DRIVER, {
+        "apiVersion": f"{DRIVER}/v1alpha1", "kind": "FpgaFunction", "afuID": afu,
+        "image": image, "clearOnUnprepare": {"afuID": clear_afu, "image": clear_image}},
+        "DeviceClass configuration 0", from_class=True)
+
+
+def held_now(node: FakeNode) -> str:
+    return next(d for d in make_backend("intel", node.config()).scan()
+                if d.id == PORT).attribute("afu_id")
+
+
+async def test_a_claim_is_never_answered_while_a_clear_changes_its_device(
+        node: FakeNode, library: ImageLibrary, tmp_path: Path) -> None:
+    programmer, loader = programmer_for(node, library, tmp_path)
+    loader.delay = 0.5
+    first = with_clear(NLB0_AFU_ID, "nlb0.gbs", NLB3_AFU_ID, "nlb3.gbs")
+    assert (await programmer.ensure("ns/a", "A", PORT, first, nobody)).result == SKIPPED
+    programmer.unprepared("A", nobody)  # the clear to nlb3 starts
+    await asyncio.sleep(0.1)
+    programmer.claim_started("B", [PORT])
+    b = await programmer.ensure("ns/b", "B", PORT, spec(NLB0_AFU_ID, "nlb0.gbs"), nobody)
+    await programmer.close()
+    # B waited for the clear, then had its own function loaded back: what it was told holds.
+    assert b.result == LOADED and held_now(node) == HEX[NLB0_AFU_ID]
+    # A claim naming no function waits for a load in flight before it is answered.
+    programmer.claim_finished("B", recorded=True)
+    programmer.unprepared("B", nobody)
+    loader.delay = 0.3
+    programmer.record.put("C", replace(b, spec=with_clear(
+        NLB0_AFU_ID, "nlb0.gbs", NLB3_AFU_ID, "nlb3.gbs")))
+    programmer.unprepared("C", nobody)
+    await asyncio.sleep(0.05)
+    began = asyncio.get_running_loop().time()
+    await programmer.settled([PORT])
+    assert asyncio.get_running_loop().time() - began > 0.15
+    assert held_now(node) == HEX[NLB3_AFU_ID]
+
+
+async def test_a_clear_never_starts_under_a_claim_being_prepared(
+        node: FakeNode, library: ImageLibrary, tmp_path: Path) -> None:
+    programmer, loader = programmer_for(node, library, tmp_path)
+    first = with_clear(NLB0_AFU_ID, "nlb0.gbs", NLB3_AFU_ID, "nlb3.gbs")
+    await programmer.ensure("ns/a", "A", PORT, first, nobody)
+    programmer.claim_started("plain", [PORT])  # a claim naming no function, being prepared
+    programmer.unprepared("A", nobody)
+    await programmer.close()
+    assert loader.jobs == [] and held_now(node) == HEX[NLB0_AFU_ID]
+
+
+async def test_another_claims_failed_load_is_not_this_claims_error(
+        node: FakeNode, library: ImageLibrary, tmp_path: Path) -> None:
+    programmer, loader = programmer_for(node, library, tmp_path)
+    loader.delay = 0.2
+    loader.fail = LoadFailed("port-PR ioctl", "Input/output error (errno 5)")
+    a = asyncio.create_task(
+        programmer.ensure("ns/a", "A", PORT, spec(NLB3_AFU_ID, "nlb3.gbs"), nobody))
+    await asyncio.sleep(0.05)
+
+    async def b_after_a_failed() -> object:
+        await asyncio.wait([a])
+        loader.fail = None
+        return None
+
+    mend = asyncio.create_task(b_after_a_failed())
+    b = await programmer.ensure("ns/b", "B", PORT1, spec(NLB3_AFU_ID, "nlb3.gbs"), nobody)
+    await mend
+    with pytest.raises(ProgrammingRefused, match="errno 5"):
+        await a
+    assert b.result == LOADED  # B's own load, on its own port, once A's was over
+
+
+async def test_the_load_budget_counts_from_when_the_card_is_free(
+        node: FakeNode, library: ImageLibrary, tmp_path: Path) -> None:
+    programmer, loader = programmer_for(node, library, tmp_path, timeout=1.0)
+    loader.delay = 0.6
+    both = await asyncio.gather(
+        programmer.ensure("ns/a", "a", PORT, spec(NLB3_AFU_ID, "nlb3.gbs"), nobody),
+        programmer.ensure("ns/b", "b", PORT1, spec(NLB3_AFU_ID, "nlb3.gbs"), nobody))
+    assert [o.result for o in both] == [LOADED, LOADED]
+    assert min(job.timeout for job in loader.jobs) > 0.9  # not what the first load left
+
+
+async def test_stopping_waits_for_a_load_whose_call_was_given_up(
+        node: FakeNode, library: ImageLibrary, tmp_path: Path) -> None:
+    programmer, loader = programmer_for(node, library, tmp_path)
+    loader.delay = 0.4
+    call = asyncio.create_task(
+        programmer.ensure("ns/a", "A", PORT, spec(NLB3_AFU_ID, "nlb3.gbs"), nobody))
+    await asyncio.sleep(0.1)
+    call.cancel()
+    await asyncio.gather(call, return_exceptions=True)
+    await programmer.close()
+    assert loader.running == 0 and held_now(node) == HEX[NLB3_AFU_ID]
+    assert programmer.quarantine.reasons == {}
+
+
+async def test_a_load_cut_off_all_the_same_leaves_the_device_unknown(
+        node: FakeNode, library: ImageLibrary, tmp_path: Path) -> None:
+    programmer, loader = programmer_for(node, library, tmp_path)
+    loader.delay = 5.0
+    call = asyncio.create_task(
+        programmer.ensure("ns/a", "A", PORT, spec(NLB3_AFU_ID, "nlb3.gbs"), nobody))
+    await asyncio.sleep(0.1)
+    for task in list(programmer._loading.values()):  # what a killed event loop does
+        task.cancel()
+    await asyncio.gather(call, return_exceptions=True)
+    assert "cut off before it ended" in programmer.quarantine.reasons[PORT]
+
+
+async def test_a_claim_refused_after_its_load_keeps_nothing_of_it(
+        node: FakeNode, library: ImageLibrary, tmp_path: Path) -> None:
+    programmer, _ = programmer_for(node, library, tmp_path)
+    programmer.claim_started("A", [PORT])
+    loaded = await programmer.ensure("ns/a", "A", PORT,
+                                     with_clear(NLB3_AFU_ID, "nlb3.gbs", NLB0_AFU_ID, "nlb0.gbs"),
+                                     nobody)
+    assert programmer.outcome("A", PORT) == loaded
+    programmer.claim_finished("A", recorded=False)  # e.g. its second device was refused
+    assert programmer.outcome("A", PORT) is None
+    programmer.unprepared("A", nobody)  # nothing to clear: it never held the device
+    await programmer.close()
+    assert held_now(node) == HEX[NLB3_AFU_ID]
+
+
+async def test_a_second_call_for_a_claim_keeps_it_registered_until_both_end(
+        node: FakeNode, library: ImageLibrary, tmp_path: Path) -> None:
+    programmer, loader = programmer_for(node, library, tmp_path)
+    programmer.claim_started("A", [PORT])
+    programmer.claim_started("A", [PORT])  # the kubelet called again
+    programmer.claim_finished("A", recorded=False)  # the first call ends
+    with pytest.raises(ProgrammingRefused, match=r"other claim\(s\) \(A\)"):
+        await programmer.ensure("ns/b", "B", PORT, spec(NLB3_AFU_ID, "nlb3.gbs"), nobody)
+    assert loader.jobs == []

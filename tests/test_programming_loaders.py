@@ -144,10 +144,18 @@ async def test_ioctl_refuses_an_image_holding_another_afu(intel, library):
 
 async def test_ioctl_refuses_an_image_outside_the_library(intel, library, tmp_path):
     device = scan(intel, "intel")["0000:d8:00.0"]
+    fake = FakePortPr(intel, [(library.root / "nlb3.gbs").read_bytes()])
     with pytest.raises(LoadFailed) as caught:
-        await PortPrIoctl(intel.dev_root, ioctl=FakePortPr(intel)).load(
-            job(device, library, "../node/x.gbs"))
+        await PortPrIoctl(intel.dev_root, ioctl=fake).load(job(device, library, "../node/x.gbs"))
     assert caught.value.step == "check image" and not caught.value.touched
+    # A symlink in the library to a good image outside it: refused at the load too, not only
+    # by the configuration's name check, and the kernel is never called.
+    outside = tmp_path / "elsewhere.gbs"
+    outside.write_bytes((library.root / "nlb3.gbs").read_bytes())
+    (library.root / "escape.gbs").symlink_to(outside)
+    with pytest.raises(LoadFailed, match="outside the image library") as caught:
+        await PortPrIoctl(intel.dev_root, ioctl=fake).load(job(device, library, "escape.gbs"))
+    assert not caught.value.touched and fake.calls == []
 
 
 @pytest.mark.parametrize(("code", "words"), [

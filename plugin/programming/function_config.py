@@ -35,10 +35,10 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 
-from plugin.programming.ids import sysfs_id
+from plugin.programming.ids import dashed, sysfs_id
 
 KIND = "FpgaFunction"
 API_GROUP_VERSION = "v1alpha1"
@@ -68,6 +68,11 @@ class FunctionSpec:
     def describe(self) -> str:
         image = f" from image {self.image}" if self.image else ""
         return f"{self.field} {self.function_id}{image}"
+
+    def shown(self) -> str:
+        """``afuID d8424dc4-...`` as users and vendor tools print it."""
+        shown = self.function_id if self.family == "aws" else dashed(self.function_id)
+        return f"{self.field} {shown}"
 
 
 def config_api_version(driver: str) -> str:
@@ -162,17 +167,27 @@ def _no_unknown(fields: Mapping[object, object], known: Sequence[str], what: str
 
 @dataclass(frozen=True)
 class ClaimFunctions:
-    """The functions one claim's configurations name, with the requests each applies to
-    (empty: every request)."""
+    """The functions one claim's configurations name: (requests it applies to, empty for
+    every request; whether a DeviceClass gave it; the function), in the server's order."""
 
-    specs: tuple[tuple[tuple[str, ...], FunctionSpec], ...]
+    specs: tuple[tuple[tuple[str, ...], bool, FunctionSpec], ...]
 
     def function_for(self, request: str) -> FunctionSpec | None:
-        """The last configuration that applies to result ``request`` (``<r>`` or ``<r>/<s>``)."""
-        found = None
-        for requests, spec in self.specs:
-            if not requests or request in requests or request.split("/", 1)[0] in requests:
-                found = spec
+        """The last configuration that applies to result ``request`` (``<r>`` or
+        ``<r>/<s>``); what it clears to on unprepare is always the last DeviceClass's that
+        applies: a claim naming its own function does not drop the admin's clear."""
+        found = clear = None
+        for requests, from_class, spec in self.specs:
+            if requests and request not in requests and \
+                    request.split("/", 1)[0] not in requests:
+                continue
+            found = spec
+            if from_class:
+                clear = spec.clear
+        if found is None:
+            return None
+        if clear is not None and clear.family == found.family and found.clear != clear:
+            found = replace(found, clear=clear)
         return found
 
 
@@ -192,8 +207,9 @@ def functions_of(driver: str, configs: Sequence[tuple[str, tuple[str, ...], obje
         counts[source] = index + 1
         owner = "DeviceClass" if source == "FromClass" else "claim"
         where = f"{owner} configuration {index} for {_requests(requests)}"
-        specs.append((requests, parse_function(driver, parameters, where,
-                                               from_class=source == "FromClass")))
+        from_class = source == "FromClass"
+        specs.append((requests, from_class, parse_function(driver, parameters, where,
+                                                           from_class=from_class)))
     return ClaimFunctions(tuple(specs)) if specs else NO_FUNCTIONS
 
 

@@ -3,7 +3,7 @@
 Checked for every claim that names a function, on the fast path too (the device already
 holds it): a configuration whose image is wrong is wrong on every node, and a claim must not
 succeed here only to fail on the next node that has to load it. So the header is parsed
-once per file version and remembered by the file's identity (device, inode, size, mtime):
+once per file version and remembered by the file's identity (device, inode, size, mtime, ctime):
 the check on a claim is then a ``stat``, not a parse, and an image replaced in the library
 (a new inode, or new contents) is read again.
 """
@@ -30,6 +30,8 @@ class _Identity:
     inode: int
     size: int
     mtime_ns: int
+    ctime_ns: int
+    """Changed by any write, even one that puts the old modification time back."""
 
 
 class ImageChecks:
@@ -106,7 +108,8 @@ class ImageChecks:
 
 
 def _identity(info: os.stat_result) -> _Identity:
-    return _Identity(info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+    return _Identity(info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns,
+                     info.st_ctime_ns)
 
 
 def held_function(device: Device) -> str | None:

@@ -4,19 +4,23 @@ For each device of a claim whose configuration names a function (:mod:`.function
 called by NodePrepareResources before the claim is answered, so no container starts on a
 device that does not hold its function yet:
 
-1. the image must hold that function and fit the device (:mod:`.image_checks`), on every
+1. a load going on on the device (another claim's, a clear) is waited for first: what the
+   device holds is only read once nothing is changing it;
+2. the image must hold that function and fit the device (:mod:`.image_checks`), on every
    path, so a wrong configuration fails alike on every node;
-2. a device that already holds the function is left alone: the common, fast path;
-3. otherwise the device must be programmable here (``--programming on`` and a loader whose
+3. a device that already holds the function is left alone: the common, fast path;
+4. otherwise the device must be programmable here (``--programming on`` and a loader whose
    tool or FME node is there) and no other claim may hold it (a prepared one, or one being
-   prepared now: its container may be using the function); then, one load at a time per
-   card (an FME serves several ports, and ``xbutil``/the AWS SDK take the whole card or
-   slot), the loader loads the image, a rescan is asked for, and the claim is answered only
-   once discovery reads the new function from the device, within ``timeout`` seconds for
-   the whole of it;
-4. a load that failed, or that the device never reported, is that claim's error naming the
+   prepared now, with or without a function of its own: its container may be using the
+   device); then, one load at a time per card (an FME serves several ports, and
+   ``xbutil``/the AWS SDK take the whole card or slot), the loader loads the image, a rescan
+   is asked for, and the claim is answered only once discovery reads the new function from
+   the device, within ``timeout`` seconds from when the card was free;
+5. a load that failed, or that the device never reported, is that claim's error naming the
    step and the kernel's or tool's message; if the card may have been touched, the device
-   is quarantined (:mod:`.quarantine`: Unhealthy until a later load succeeds).
+   is quarantined (:mod:`.quarantine`: Unhealthy until a later load succeeds). A load is
+   never cut off half-way: it outlives a kubelet call that gave up, and stopping waits for
+   it; one cut off all the same (the process killed) leaves the device quarantined.
 
 Programming happens only here, so only for claims this driver prepares for this node's pool.
 """
@@ -26,24 +30,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
 
 from plugin.model.devices import Device, DeviceSet
 from plugin.model.programming import OFF
 from plugin.process import metrics
+from plugin.programming.claim_record import LOADED, SKIPPED, ClaimRecord, Outcome
 from plugin.programming.function_config import FunctionSpec
 from plugin.programming.ids import dashed
 from plugin.programming.image_checks import ImageChecks, held_function
 from plugin.programming.loaders.base import Loader, LoadFailed, LoadJob
-from plugin.programming.pending_clears import PendingClears
 from plugin.programming.quarantine import Quarantine
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 120.0
-SKIPPED = "skipped"
-LOADED = "loaded"
+REPORT_GRACE = 5.0
+"""Seconds the device has to report its new function once the loader returned, even when
+the load itself took nearly all of the timeout (a rescan must land first)."""
 FAILED = "failed"
 REFUSED = "refused"
 
@@ -63,23 +68,6 @@ class ProgrammingRefused(Exception):
     """The device cannot be given the function for this claim; the message says why."""
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """What was done for one device of one claim."""
-
-    device_id: str
-    spec: FunctionSpec
-    result: str
-    """:data:`SKIPPED` (held already) or :data:`LOADED`."""
-    loader: str = ""
-    seconds: float = 0.0
-
-    def message(self) -> str:
-        if self.result == SKIPPED:
-            return f"{_shown(self.spec)} was loaded already"
-        return f"{_shown(self.spec)} loaded by {self.loader} in {self.seconds:.2f} s"
-
-
 Told = Callable[[str, str, str, str], None]
 """``(device_id, claim, kind, message)`` for Events: kind ``FunctionLoaded`` or
 ``FunctionLoadFailed``."""
@@ -92,7 +80,7 @@ class Programmer:
                  checks: ImageChecks | None, quarantine: Quarantine,
                  devices: Callable[[], DeviceSet], rescan: Callable[[str], None],
                  driver: str, timeout: float = DEFAULT_TIMEOUT,
-                 told: Told | None = None, clears: PendingClears | None = None) -> None:
+                 told: Told | None = None, record: ClaimRecord | None = None) -> None:
         self.enabled = enabled
         self.loaders = dict(loaders)
         self.checks = checks
@@ -102,19 +90,20 @@ class Programmer:
         self._devices = devices
         self._rescan = rescan
         self._told = told
-        self.clears = clears or PendingClears(None)
+        self.record = record or ClaimRecord(None)
+        """Per prepared claim: what was done (for its status) and what to clear to."""
         self._clearing: set[asyncio.Task[None]] = set()
         self._locks: dict[str, asyncio.Lock] = {}
         self._changed = asyncio.Event()
         self._loading: dict[str, asyncio.Task[Outcome]] = {}
         """Device ID -> the load going on now (it outlives a call the kubelet gave up)."""
-        self._loading_for: dict[str, str] = {}
+        self._loaded_for: dict[str, tuple[str, str]] = {}
+        """Device ID -> (claim UID, function ID) of the last load started on it."""
         self.waiting: dict[str, str] = {}
         """Claim UID -> the load it waits for now, for a kubelet call that times out."""
-        self._claimed: dict[str, set[str]] = {}
-        """Device ID -> UIDs of claims being prepared on it now (not yet recorded)."""
-        self.outcomes: dict[tuple[str, str], Outcome] = {}
-        """(claim UID, device ID) -> what was done, for the claim's status."""
+        self._claimed: dict[str, Counter[str]] = {}
+        """Device ID -> UIDs of claims being prepared on it now (not yet recorded), counted:
+        the kubelet may call again for a claim while its first call is still going."""
 
     # -- what the inventory and discover say ------------------------------------------
 
@@ -125,17 +114,42 @@ class Programmer:
     def programmable(self, device: Device) -> bool:
         return self.unavailable(device) is None
 
-    # -- the device feed ----------------------------------------------------------------
+    def outcome(self, uid: str, device_id: str) -> Outcome | None:
+        """What was done for claim ``uid``'s device (for its status), if it named a function."""
+        return self.record.get(uid, device_id)
+
+    # -- the device feed and the socket -------------------------------------------------
 
     def devices_changed(self) -> None:
         """Discovery published a new device set (a load may show in it)."""
         self._changed.set()
 
+    def take_ownership(self) -> None:
+        """This instance holds the driver's socket: the records written by the one before it
+        (a rolling update) are read again, and from now on this one writes them."""
+        self.record.take_ownership()
+        self.quarantine.take_ownership()
+
     # -- claims -------------------------------------------------------------------------
 
     def claim_started(self, uid: str, device_ids: Iterable[str]) -> None:
+        """Claim ``uid`` is being prepared on these devices: no load for anyone else starts
+        on them until it is recorded or refused (:meth:`claim_finished`)."""
         for device_id in device_ids:
-            self._claimed.setdefault(device_id, set()).add(uid)
+            self._claimed.setdefault(device_id, Counter())[uid] += 1
+
+    def claim_finished(self, uid: str, recorded: bool) -> None:
+        """The call preparing claim ``uid`` is over; ``recorded``: the checkpoint holds the
+        claim now (else it was refused, and nothing done for it is kept)."""
+        for device_id in [d for d, uids in self._claimed.items() if uid in uids]:
+            uids = self._claimed[device_id]
+            uids[uid] -= 1
+            if uids[uid] <= 0:
+                del uids[uid]
+            if not uids:
+                del self._claimed[device_id]
+        if not recorded and not any(uid in uids for uids in self._claimed.values()):
+            self.record.take(uid)
 
     def configuration_refused(self, device_ids: Iterable[str]) -> None:
         """A claim's configuration could not be read: each of its devices counts as refused."""
@@ -145,20 +159,22 @@ class Programmer:
             metrics.dra_programming(self.driver, device.backend if device else "", "",
                                     REFUSED, 0.0)
 
-    def claim_finished(self, uid: str) -> None:
-        """The claim is recorded, or refused: the checkpoint speaks for it from now on."""
-        for device_id in [d for d, uids in self._claimed.items() if uid in uids]:
-            self._claimed[device_id].discard(uid)
-            if not self._claimed[device_id]:
-                del self._claimed[device_id]
+    async def settled(self, device_ids: Iterable[str]) -> None:
+        """Once no load is going on on any of ``device_ids`` (a claim naming no function
+        must not be answered while a clear is changing its device)."""
+        for device_id in device_ids:
+            loading = self._loading.get(device_id)
+            if loading is not None and not loading.done():
+                await asyncio.wait([loading])
 
     def unprepared(self, uid: str, holders: Callable[[str], list[str]]) -> None:
-        """Claim ``uid`` is unprepared: its outcomes are no longer shown, and the function
-        its DeviceClass clears to is loaded, after the kubelet's answer (see
-        :mod:`.pending_clears`), unless another claim holds the device by then."""
-        for key in [k for k in self.outcomes if k[0] == uid]:
-            del self.outcomes[key]
-        for device_id, clear in self.clears.take(uid).items():
+        """Claim ``uid`` is unprepared: its outcomes are forgotten, and the function its
+        DeviceClass clears to is loaded, after the kubelet's answer, unless another claim
+        holds the device by then."""
+        for device_id, outcome in self.record.take(uid).items():
+            clear = outcome.spec.clear
+            if clear is None:
+                continue
             task = asyncio.get_running_loop().create_task(
                 self._clear(uid, device_id, clear, holders), name=f"clear {device_id}")
             self._clearing.add(task)
@@ -168,89 +184,110 @@ class Programmer:
                      holders: Callable[[str], list[str]]) -> None:
         what = f"clearing after claim {uid}"
         try:
-            outcome = await self.ensure(what, f"clear:{uid}", device_id, clear, holders)
+            outcome = await self._give(what, f"clear:{uid}", device_id, clear, holders)
         except ProgrammingRefused as refusal:
             log.warning("%s: %s", what, refusal)
             return
-        self.outcomes.pop((f"clear:{uid}", device_id), None)
         log.info("%s: device %s: %s", what, device_id, outcome.message())
 
     async def close(self) -> None:
-        """Wait for clears under way (a load is never cut off half-way)."""
-        if self._clearing:
-            await asyncio.gather(*self._clearing, return_exceptions=True)
+        """Wait for loads under way, clears and loads of calls the kubelet gave up alike:
+        a load is never cut off half-way."""
+        while True:
+            busy = [*self._clearing, *(t for t in self._loading.values() if not t.done())]
+            if not busy:
+                return
+            await asyncio.gather(*busy, return_exceptions=True)
+
+    # -- giving a device its function ---------------------------------------------------
+
+    async def check(self, device_id: str, spec: FunctionSpec) -> None:
+        """Everything :meth:`ensure` would refuse before a load, for every device of a claim
+        before any is loaded: a claim refused for its second device must not have changed
+        its first card for nothing."""
+        await self.settled([device_id])
+        device = self._device(device_id)
+        self._check_image(device, spec)
+        if await self._held(device) != spec.function_id:
+            why = self.unavailable(device)
+            if why is not None:
+                raise self._refuse(device, spec, f"it holds "
+                               f"{_shown_id(spec, await self._held(device))} and cannot be "
+                               f"programmed: {why}")
 
     async def ensure(self, claim: str, uid: str, device_id: str, spec: FunctionSpec,
                      holders: Callable[[str], list[str]]) -> Outcome:
         """Make ``device_id`` hold ``spec`` for claim ``uid`` (``claim``: its name, for
         messages); ``holders(device_id)`` names the other prepared claims that hold the
         device. :class:`ProgrammingRefused` with the reason when it cannot."""
+        outcome = await self._give(claim, uid, device_id, spec, holders)
+        self.record.put(uid, outcome)
+        return outcome
+
+    async def _give(self, claim: str, uid: str, device_id: str, spec: FunctionSpec,
+                    holders: Callable[[str], list[str]]) -> Outcome:
         began = time.monotonic()
-        device = self._device(device_id)
-        if device.backend != spec.family:
-            raise self._refuse(device, spec, f"the configuration names {spec.field}, a "
-                               f"function of the {spec.family} family, for a "
-                               f"{device.backend} device")
-        if self.checks is not None:
-            try:
-                self.checks.check(spec, device)
-            except ValueError as exc:
-                raise self._refuse(device, spec, str(exc)) from None
-        elif spec.image is not None:
-            raise self._refuse(device, spec, "no image library is configured "
-                               "(--image-library)")
-        held = await self._held(device)
-        if held == spec.function_id:
-            return self._done(uid, Outcome(device_id, spec, SKIPPED), began)
-        why = self.unavailable(device)
-        if why is not None:
-            raise self._refuse(device, spec, f"it holds {_shown_id(spec, held)} and cannot "
-                               f"be programmed: {why}")
-        loading = self._loading.get(device_id)
-        if loading is None or loading.done():
-            loading = asyncio.create_task(self._locked_load(claim, uid, device_id, spec,
-                                                            holders, began),
-                                          name=f"load onto {device_id}")
-            loading.add_done_callback(_retrieved)
-            self._loading[device_id] = loading
-        elif self._loading_for.get(device_id) != spec.function_id:
-            await asyncio.shield(loading)  # another function is going on: then ours
-            return await self.ensure(claim, uid, device_id, spec, holders)
+        while True:
+            # A load going on (another claim's, a clear, this claim's from a call the
+            # kubelet gave up): what the device holds is read once it is over.
+            loading = self._loading.get(device_id)
+            if loading is not None and not loading.done():
+                self.waiting[uid] = f"waiting for the load going on on {device_id}"
+                try:
+                    await asyncio.wait([loading])
+                finally:
+                    self.waiting.pop(uid, None)
+                mine = self._loaded_for.get(device_id) == (uid, spec.function_id)
+                if mine and not loading.cancelled() and loading.exception() is None:
+                    return loading.result()  # this claim's load, from a call given up
+                continue
+            device = self._device(device_id)
+            self._check_image(device, spec)
+            held = await self._held(device)
+            if held == spec.function_id:
+                metrics.dra_programming(self.driver, device.backend, "", SKIPPED,
+                                        time.monotonic() - began)
+                return Outcome(device_id, spec, SKIPPED)
+            why = self.unavailable(device)
+            if why is not None:
+                raise self._refuse(device, spec, f"it holds {_shown_id(spec, held)} and cannot "
+                                   f"be programmed: {why}")
+            if self._loading.get(device_id) is None or self._loading[device_id].done():
+                break
+        loading = asyncio.create_task(self._locked_load(claim, uid, device_id, spec, holders),
+                                      name=f"load onto {device_id}")
+        loading.add_done_callback(_retrieved)
+        self._loading[device_id] = loading
+        self._loaded_for[device_id] = (uid, spec.function_id)
         # Shielded: the kubelet giving up on its call must not cut a load off half-way
         # (a card left half-programmed); the load goes on, and the kubelet's next call for
-        # this claim finds it done, or waits for it.
-        self.waiting[uid] = f"loading {_shown(spec)} onto {device_id}"
+        # this claim waits for it, then finds the function held.
+        self.waiting[uid] = f"loading {spec.shown()} onto {device_id}"
         try:
-            outcome = await asyncio.shield(loading)
+            return await asyncio.shield(loading)
         finally:
             self.waiting.pop(uid, None)
-        return self._done(uid, replace(outcome, device_id=device_id), began)
 
     async def _locked_load(self, claim: str, uid: str, device_id: str, spec: FunctionSpec,
-                           holders: Callable[[str], list[str]], began: float) -> Outcome:
-        self._loading_for[device_id] = spec.function_id
-        try:
-            async with self._lock(self._device(device_id)):
-                device = self._device(device_id)  # as it is now, after any load before ours
-                held = await self._held(device)
-                if held == spec.function_id:
-                    return Outcome(device_id, spec, SKIPPED)
-                others = sorted(set(holders(device_id)) |
-                                {u for u in self._claimed.get(device_id, ()) if u != uid})
-                if others:
-                    raise self._refuse(device, spec, f"it holds {_shown_id(spec, held)} for "
-                                       f"{len(others)} other claim(s) "
-                                       f"({', '.join(others[:3])}); a device is never "
-                                       "reprogrammed under a claim that holds it")
-                return await self._load(claim, device, spec, self.loaders[device.backend],
-                                        began)
-        finally:
-            self._loading_for.pop(device_id, None)
+                           holders: Callable[[str], list[str]]) -> Outcome:
+        async with self._lock(self._device(device_id)):
+            began = time.monotonic()  # the budget counts from when the card is free
+            device = self._device(device_id)  # as it is now, after any load before ours
+            held = await self._held(device)
+            if held == spec.function_id:
+                return Outcome(device_id, spec, SKIPPED)
+            others = sorted(set(holders(device_id)) |
+                            {u for u in self._claimed.get(device_id, ()) if u != uid})
+            if others:
+                raise self._refuse(device, spec, f"it holds {_shown_id(spec, held)} for "
+                                   f"{len(others)} other claim(s) ({', '.join(others[:3])}); "
+                                   "a device is never reprogrammed under a claim that holds it")
+            return await self._load(claim, device, spec, self.loaders[device.backend], began)
 
     async def _load(self, claim: str, device: Device, spec: FunctionSpec, loader: Loader,
                     began: float) -> Outcome:
         deadline = began + self.timeout
-        log.info("claim %s: loading %s onto %s with %s", claim, _shown(spec), device.id,
+        log.info("claim %s: loading %s onto %s with %s", claim, spec.shown(), device.id,
                  loader.name)
         job = LoadJob(device, spec.function_id, self.checks.library if self.checks else None,
                       spec.image, timeout=max(deadline - time.monotonic(), 0.1))
@@ -259,16 +296,24 @@ class Programmer:
         except LoadFailed as failure:
             self._failed(claim, device, spec, loader, failure.step, failure.detail,
                          failure.touched)
-            raise ProgrammingRefused(f"loading {_shown(spec)} onto {device.id} failed at "
+            raise ProgrammingRefused(f"loading {spec.shown()} onto {device.id} failed at "
                                      f"{failure.step}: {failure.detail}") from None
+        except BaseException:
+            # Cut off all the same (the process stopping without waiting): what the card
+            # holds now is not known.
+            self._failed(claim, device, spec, loader, "load", "cut off before it ended",
+                         True)
+            raise
         self._rescan(f"{spec.function_id} loaded onto {device.id}")
-        reported = await self._reported(device.id, spec.function_id, deadline)
+        reported = await self._reported(device.id, spec.function_id,
+                                        max(deadline, time.monotonic()
+                                            + min(REPORT_GRACE, self.timeout)))
         if reported is not True:
             detail = (f"the device did not report it within {self.timeout:g} s "
                       f"(it reports {_shown_id(spec, reported)})")
             self._failed(claim, device, spec, loader, "waiting for the new function", detail,
                          True)
-            raise ProgrammingRefused(f"loading {_shown(spec)} onto {device.id}: {detail}")
+            raise ProgrammingRefused(f"loading {spec.shown()} onto {device.id}: {detail}")
         seconds = time.monotonic() - began
         self.quarantine.clear(device.id)
         outcome = Outcome(device.id, spec, LOADED, loader.name, seconds)
@@ -325,26 +370,29 @@ class Programmer:
         card = device.attribute("fme_node") or device.attribute("pci_address") or device.id
         return self._locks.setdefault(card, asyncio.Lock())
 
-    def _done(self, uid: str, outcome: Outcome, began: float) -> Outcome:
-        if outcome.spec.clear is not None:
-            self.clears.record(uid, outcome.device_id, outcome.spec.clear)
-        if outcome.result == SKIPPED:
-            device = self._devices().get(outcome.device_id)
-            family = device.backend if device is not None else outcome.spec.family
-            metrics.dra_programming(self.driver, family, "", SKIPPED,
-                                    time.monotonic() - began)
-        self.outcomes[(uid, outcome.device_id)] = outcome
-        return outcome
+    def _check_image(self, device: Device, spec: FunctionSpec) -> None:
+        if device.backend != spec.family:
+            raise self._refuse(device, spec, f"the configuration names {spec.field}, a "
+                               f"function of the {spec.family} family, for a "
+                               f"{device.backend} device")
+        if self.checks is not None:
+            try:
+                self.checks.check(spec, device)
+            except ValueError as exc:
+                raise self._refuse(device, spec, str(exc)) from None
+        elif spec.image is not None:
+            raise self._refuse(device, spec, "no image library is configured "
+                               "(--image-library)")
 
     def _refuse(self, device: Device, spec: FunctionSpec, why: str) -> ProgrammingRefused:
         metrics.dra_programming(self.driver, device.backend, "", REFUSED, 0.0)
-        return ProgrammingRefused(f"device {device.id} cannot be given {_shown(spec)} "
+        return ProgrammingRefused(f"device {device.id} cannot be given {spec.shown()} "
                                   f"({spec.where}): {why}")
 
     def _failed(self, claim: str, device: Device, spec: FunctionSpec, loader: Loader,
                 step: str, detail: str, touched: bool) -> None:
         metrics.dra_programming(self.driver, device.backend, loader.name, FAILED, 0.0)
-        message = f"loading {_shown(spec)} with {loader.name} failed at {step}: {detail}"
+        message = f"loading {spec.shown()} with {loader.name} failed at {step}: {detail}"
         log.error("claim %s: device %s: %s", claim, device.id, message)
         if touched:
             self.quarantine.add(device.id, message)
@@ -352,16 +400,10 @@ class Programmer:
             self._told(device.id, claim, "FunctionLoadFailed", f"{message} (claim {claim})")
 
 
-def _shown(spec: FunctionSpec) -> str:
-    shown = spec.function_id if spec.family == "aws" else dashed(spec.function_id)
-    return f"{spec.field} {shown}"
-
-
 def _shown_id(spec: FunctionSpec, held: object) -> str:
     if not isinstance(held, str) or not held:
         return "an unknown function"
     return f"{spec.field} {held if spec.family == 'aws' else dashed(held)}"
-
 
 
 def _retrieved(task: asyncio.Task[Outcome]) -> None:

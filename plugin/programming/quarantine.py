@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 from plugin.model.devices import Device, DeviceSet, Health
 from plugin.process import metrics
+from plugin.serving.files import replace_atomically
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,18 @@ class Quarantine:
         self.path = None if state_dir is None else state_dir / FILE_NAME
         self._changed = changed
         self.reasons: dict[str, str] = {}
+        self.owned = False
+        """True once this instance holds the driver's socket: only then does it write."""
         self._read()
+
+    def take_ownership(self) -> None:
+        """This instance holds the socket now (a rolling update's newcomer takes over): the
+        file, which the instance before it kept until it stopped, is the truth."""
+        self.owned = True
+        before = dict(self.reasons)
+        self._read()
+        if self.reasons != before:
+            self._changed()
 
     def add(self, device_id: str, reason: str) -> None:
         text = f"{REASON_PREFIX}: {reason}; its state is unknown until a load succeeds"
@@ -81,22 +92,23 @@ class Quarantine:
             log.error("%s cannot be read (%s); devices whose last load failed may be "
                       "reported Healthy", self.path, exc)
             return
-        if isinstance(data, dict) and isinstance(data.get("devices"), dict):
-            self.reasons = {str(k): str(v) for k, v in data["devices"].items()}
-            if self.reasons:
-                log.warning("devices Unhealthy since a failed load: %s",
-                            ", ".join(sorted(self.reasons)))
-                metrics.devices_load_failed(len(self.reasons))
+        if not isinstance(data, dict) or not isinstance(data.get("devices"), dict):
+            log.error("%s holds no device list; devices whose last load failed may be "
+                      "reported Healthy", self.path)
+            return
+        found = {str(k): str(v) for k, v in data["devices"].items()}
+        if found and found != self.reasons:
+            log.warning("devices Unhealthy since a failed load: %s", ", ".join(sorted(found)))
+        self.reasons = found
+        metrics.devices_load_failed(len(found))
 
     def _save(self) -> None:
         metrics.devices_load_failed(len(self.reasons))
-        if self.path is None:
+        if self.path is None or not self.owned:
             return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            temporary = self.path.with_suffix(".tmp")
-            temporary.write_text(json.dumps({"devices": self.reasons}, sort_keys=True))
-            os.replace(temporary, self.path)
+            replace_atomically(self.path, json.dumps({"devices": self.reasons}, sort_keys=True))
         except OSError as exc:
             log.error("cannot write %s (%s); a restart would forget which devices a failed "
                       "load left unknown", self.path, exc.strerror)

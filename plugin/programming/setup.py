@@ -13,10 +13,10 @@ from pathlib import Path
 from plugin.cli.config import Settings, dra_state_dir
 from plugin.model.devices import Device, DeviceSet
 from plugin.model.programming import WhyNot, never_why
+from plugin.programming.claim_record import ClaimRecord
 from plugin.programming.image_checks import ImageChecks, held_function
 from plugin.programming.library import ImageLibrary
 from plugin.programming.loaders.base import Loader, LoadFailed
-from plugin.programming.pending_clears import PendingClears
 from plugin.programming.programmer import Programmer, Told, unavailable
 from plugin.programming.quarantine import Quarantine
 
@@ -51,7 +51,7 @@ def programmer_for(settings: Settings, quarantine: Quarantine,
     return Programmer(enabled=enabled, loaders=chosen, checks=checks, quarantine=quarantine,
                       devices=devices, rescan=rescan, driver=settings.dra_driver_name,
                       timeout=settings.program_timeout, told=told,
-                      clears=PendingClears(dra_state_dir(settings)))
+                      record=ClaimRecord(dra_state_dir(settings)))
 
 
 async def functions_only_tools_tell(settings: Settings, devices: Iterable[Device]

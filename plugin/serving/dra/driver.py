@@ -207,8 +207,8 @@ class DraDriver:
             programmer = self.programmer
             self._status = ClaimStatusReporter(
                 place.driver, lambda: self.feed.current, write_status,
-                function_of=(lambda uid, device_id: programmer.outcomes.get((uid, device_id)))
-                if programmer is not None else (lambda uid, device_id: None))
+                function_of=programmer.outcome if programmer is not None
+                else (lambda uid, device_id: None))
             # Read at first use, which comes through the socket: only the instance holding
             # it reads the record (a rolling update's newcomer waits for the old one first).
             checkpoint = ClaimCheckpoint(place.state_dir / CHECKPOINT_FILE, load=False)
@@ -286,6 +286,8 @@ class DraDriver:
             await service.wait_serving()
             if preparer is not None:
                 preparer.checkpoint.load()  # the socket is ours: so is the record (said now)
+                if self.programmer is not None:
+                    self.programmer.take_ownership()
                 if status is not None:
                     status.follow(preparer.checkpoint.claims.values())
             try:  # before the first slice: a held device is never offered, not even once

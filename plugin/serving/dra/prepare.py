@@ -165,7 +165,8 @@ class ClaimPreparer:
         finally:
             if self.programmer is not None:
                 for uid in pending:
-                    self.programmer.claim_finished(uid)
+                    result = results.get(uid)
+                    self.programmer.claim_finished(uid, result is not None and result.ok)
         return results
 
     async def _again(self, known: PreparedClaim) -> ClaimResult:
@@ -233,6 +234,10 @@ class ClaimPreparer:
             raise Refused(f"claim {describe(ref)} is not allocated")
         results = allocation.results_for(self.driver)
         devices = self._devices(ref, results)
+        if self.programmer is not None:
+            # From here until the claim is recorded or refused, no load for anyone else
+            # starts on its devices, whether or not it names a function.
+            self.programmer.claim_started(ref.uid, [d.device_id for d in devices])
         await self._program(ref, allocation, devices)
         spec = None
         if self.claim_specs is not None and devices:
@@ -251,19 +256,22 @@ class ClaimPreparer:
             raise
         wanted = [(device, spec) for device in devices
                   if (spec := functions.function_for(device.requests[0])) is not None]
-        if not wanted:
-            return
         programmer = self.programmer
         if programmer is None:
-            raise Refused(f"claim {describe(ref)} names a function to load, and this driver "
-                          "does not program devices")
-        programmer.claim_started(ref.uid, [device.device_id for device, _ in wanted])
-        for device, spec in wanted:
-            try:
+            if wanted:
+                raise Refused(f"claim {describe(ref)} names a function to load, and this "
+                              "driver does not program devices")
+            return
+        try:
+            # No answer while a load (a clear, another claim's) is changing a device.
+            await programmer.settled(d.device_id for d in devices)
+            for device, spec in wanted:  # every device checked before any is loaded
+                await programmer.check(device.device_id, spec)
+            for device, spec in wanted:
                 await programmer.ensure(describe(ref), ref.uid, device.device_id, spec,
                                         lambda device_id: self._holders(ref.uid, device_id))
-            except ProgrammingRefused as refusal:
-                raise Refused(f"claim {describe(ref)}: {refusal}") from None
+        except ProgrammingRefused as refusal:
+            raise Refused(f"claim {describe(ref)}: {refusal}") from None
 
     def _functions(self, ref: ClaimRef, allocation: ClaimAllocation) -> ClaimFunctions:
         mine = [(c.source, c.requests, c.parameters) for c in allocation.configs
