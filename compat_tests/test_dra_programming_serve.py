@@ -307,3 +307,16 @@ async def test_what_was_loaded_stays_in_the_claims_status_across_a_restart(world
     entry = _status(world, "nlb3")[0]
     assert "loaded by fpgaconf in" in entry["data"]["functionLoaded"]
     assert any(c["type"] == "FunctionLoaded" for c in entry["conditions"])
+
+
+async def test_a_claim_refused_for_its_second_device_changes_no_card(world: World) -> None:
+    world.api.create_claim(NAMESPACE, "two", [("fpga", DRIVER)])
+    allocation = objects.allocation(
+        [objects.result("fpga", DRIVER, NODE, DFL_PORT), objects.result("fpga", DRIVER, NODE,
+                                                                        ALVEO)],
+        node_name=NODE, config=[function(afuID=NLB3_AFU_ID, image="intel/nlb3.gbs")])
+    obj = world.api.set_claim_status(NAMESPACE, "two", {"allocation": allocation})
+    result = await world.prepare(ClaimRef(NAMESPACE, "two", obj["metadata"]["uid"], (DRIVER,)))
+    assert "a function of the intel family, for a alveo device" in result.error
+    assert world.tools.invocations() == []  # the first device was not loaded for nothing
+    assert world.published()[DFL_PORT]["afuID"] == DEFAULT_AFU_ID

@@ -6,6 +6,7 @@ load; discovery (the real Intel backend) reads the result, as in ``serve``."""
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from plugin.programming.function_config import parse_function
 from plugin.programming.image_checks import ImageChecks
 from plugin.programming.library import ImageLibrary
 from plugin.programming.loaders.base import LoadFailed, LoadJob
+from plugin.programming.outcome import Outcome
 from plugin.programming.programmer import LOADED, SKIPPED, Programmer, ProgrammingRefused
 from plugin.programming.quarantine import Quarantine
 
@@ -124,7 +126,7 @@ async def test_a_device_holding_the_function_is_not_programmed(
     programmer, loader = programmer_for(node, library, tmp_path, enabled=False)
     outcome = await programmer.ensure("ns/c", "uid-1", PORT, spec(NLB0_AFU_ID, "nlb0.gbs"), nobody)
     assert outcome.result == SKIPPED and loader.jobs == []
-    assert programmer.outcome("uid-1", PORT) == outcome
+    assert outcome.message() == "afuID d8424dc4-a4a3-c413-f89e-433683f9040b was loaded already"
 
 
 async def test_another_function_is_loaded_and_answered_once_discovery_reads_it(
@@ -173,7 +175,7 @@ async def test_a_device_another_claim_holds_is_never_reprogrammed(
     with pytest.raises(ProgrammingRefused, match="being-prepared"):
         await programmer.ensure("ns/c", "u", PORT, spec(NLB3_AFU_ID, "nlb3.gbs"), nobody)
     assert loader.jobs == []
-    programmer.claim_finished("being-prepared", recorded=False)
+    programmer.claim_finished("being-prepared")
     assert (await programmer.ensure("ns/c", "u", PORT, spec(NLB3_AFU_ID, "nlb3.gbs"),
                                     nobody)).result == LOADED
 
@@ -259,12 +261,13 @@ async def test_a_class_that_clears_on_unprepare_loads_its_function_after_the_cla
         "apiVersion": f"{DRIVER}/v1alpha1", "kind": "FpgaFunction", "afuID": NLB3_AFU_ID,
         "image": "nlb3.gbs", "clearOnUnprepare": {"afuID": NLB0_AFU_ID, "image": "nlb0.gbs"}},
         "DeviceClass configuration 0", from_class=True)
-    assert (await programmer.ensure("ns/c", "u", PORT, with_clear, nobody)).result == LOADED
-    programmer.unprepared("u", nobody)
+    loaded = await programmer.ensure("ns/c", "u", PORT, with_clear, nobody)
+    assert loaded.result == LOADED
+    programmer.unprepared("u", [loaded], nobody)
     await programmer.close()
     assert [j.function_id for j in loader.jobs] == [HEX[NLB3_AFU_ID], HEX[NLB0_AFU_ID]]
     assert make_backend("intel", node.config()).scan()[0].attribute("afu_id") == HEX[NLB0_AFU_ID]
-    programmer.unprepared("u", nobody)  # once only
+    programmer.unprepared("u", [], nobody)  # nothing recorded: nothing to clear
     await programmer.close()
     assert len(loader.jobs) == 2
 
@@ -276,31 +279,31 @@ async def test_a_clear_never_loads_under_a_claim_that_holds_the_device_by_then(
         "apiVersion": f"{DRIVER}/v1alpha1", "kind": "FpgaFunction", "afuID": NLB3_AFU_ID,
         "image": "nlb3.gbs", "clearOnUnprepare": {"afuID": NLB0_AFU_ID, "image": "nlb0.gbs"}},
         "DeviceClass configuration 0", from_class=True)
-    await programmer.ensure("ns/c", "u", PORT, with_clear, nobody)
-    programmer.unprepared("u", lambda device_id: ["ns/next"])
+    loaded = await programmer.ensure("ns/c", "u", PORT, with_clear, nobody)
+    programmer.unprepared("u", [loaded], lambda device_id: ["ns/next"])
     await programmer.close()
     assert len(loader.jobs) == 1
 
 
-def test_what_was_loaded_and_what_to_clear_survive_a_restart_and_a_damaged_record_is_said(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from plugin.programming.claim_record import ClaimRecord, Outcome
+def test_what_was_loaded_is_recorded_with_the_claim_and_read_past_when_damaged(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from plugin.serving.dra.claims_model import ClaimRef
+    from plugin.serving.dra.prepared import PreparedClaim, PreparedDevice
 
     clear = spec(NLB0_AFU_ID, "nlb0.gbs")
     loaded = Outcome(PORT, replace(spec(NLB3_AFU_ID, "nlb3.gbs"), clear=clear), LOADED,
                      "ioctl", 4.2)
-    ClaimRecord(tmp_path).put("u", loaded)  # not the socket's holder: writes nothing
-    assert ClaimRecord(tmp_path).get("u", PORT) is None
-    owner = ClaimRecord(tmp_path)
-    owner.take_ownership()
-    owner.put("u", loaded)
-    assert ClaimRecord(tmp_path).get("u", PORT) == loaded
-    assert ClaimRecord(tmp_path).get("u", PORT).spec.clear == clear
-    assert owner.take("u") == {PORT: loaded}
-    assert ClaimRecord(tmp_path).take("u") == {}
-    (tmp_path / "programming-claims.json").write_text("{not json")
-    assert ClaimRecord(tmp_path).claims == {}
-    assert "cannot be read" in caplog.text
+    claim = PreparedClaim(ClaimRef("ns", "c", "u"), (
+        PreparedDevice("node", "pci-0000-3b-00-0", PORT, ("fpga",), ("k/c=x",)),),
+        None, (loaded,))
+    data = json.loads(json.dumps(claim.to_json()))
+    again = PreparedClaim.from_json("u", data)
+    assert again == claim and again.function(PORT).spec.clear == clear
+    assert again.function(PORT1) is None
+    data["functions"] = [{"device_id": PORT, "spec": "garbled"}]
+    kept = PreparedClaim.from_json("u", data)
+    assert kept.devices == claim.devices and kept.functions == ()
+    assert "kept without them" in caplog.text
 
 
 def test_an_image_header_is_read_again_when_the_file_changes_or_leaves_the_library(
@@ -340,8 +343,8 @@ async def test_a_claim_is_never_answered_while_a_clear_changes_its_device(
     programmer, loader = programmer_for(node, library, tmp_path)
     loader.delay = 0.5
     first = with_clear(NLB0_AFU_ID, "nlb0.gbs", NLB3_AFU_ID, "nlb3.gbs")
-    assert (await programmer.ensure("ns/a", "A", PORT, first, nobody)).result == SKIPPED
-    programmer.unprepared("A", nobody)  # the clear to nlb3 starts
+    programmer.unprepared("A", [replace(
+        await programmer.ensure("ns/a", "A", PORT, first, nobody))], nobody)  # clear to nlb3
     await asyncio.sleep(0.1)
     programmer.claim_started("B", [PORT])
     b = await programmer.ensure("ns/b", "B", PORT, spec(NLB0_AFU_ID, "nlb0.gbs"), nobody)
@@ -349,12 +352,10 @@ async def test_a_claim_is_never_answered_while_a_clear_changes_its_device(
     # B waited for the clear, then had its own function loaded back: what it was told holds.
     assert b.result == LOADED and held_now(node) == HEX[NLB0_AFU_ID]
     # A claim naming no function waits for a load in flight before it is answered.
-    programmer.claim_finished("B", recorded=True)
-    programmer.unprepared("B", nobody)
+    programmer.claim_finished("B")
     loader.delay = 0.3
-    programmer.record.put("C", replace(b, spec=with_clear(
-        NLB0_AFU_ID, "nlb0.gbs", NLB3_AFU_ID, "nlb3.gbs")))
-    programmer.unprepared("C", nobody)
+    programmer.unprepared("C", [replace(b, spec=with_clear(
+        NLB0_AFU_ID, "nlb0.gbs", NLB3_AFU_ID, "nlb3.gbs"))], nobody)
     await asyncio.sleep(0.05)
     began = asyncio.get_running_loop().time()
     await programmer.settled([PORT])
@@ -366,9 +367,9 @@ async def test_a_clear_never_starts_under_a_claim_being_prepared(
         node: FakeNode, library: ImageLibrary, tmp_path: Path) -> None:
     programmer, loader = programmer_for(node, library, tmp_path)
     first = with_clear(NLB0_AFU_ID, "nlb0.gbs", NLB3_AFU_ID, "nlb3.gbs")
-    await programmer.ensure("ns/a", "A", PORT, first, nobody)
+    held = await programmer.ensure("ns/a", "A", PORT, first, nobody)
     programmer.claim_started("plain", [PORT])  # a claim naming no function, being prepared
-    programmer.unprepared("A", nobody)
+    programmer.unprepared("A", [held], nobody)
     await programmer.close()
     assert loader.jobs == [] and held_now(node) == HEX[NLB0_AFU_ID]
 
@@ -433,27 +434,12 @@ async def test_a_load_cut_off_all_the_same_leaves_the_device_unknown(
     assert "cut off before it ended" in programmer.quarantine.reasons[PORT]
 
 
-async def test_a_claim_refused_after_its_load_keeps_nothing_of_it(
-        node: FakeNode, library: ImageLibrary, tmp_path: Path) -> None:
-    programmer, _ = programmer_for(node, library, tmp_path)
-    programmer.claim_started("A", [PORT])
-    loaded = await programmer.ensure("ns/a", "A", PORT,
-                                     with_clear(NLB3_AFU_ID, "nlb3.gbs", NLB0_AFU_ID, "nlb0.gbs"),
-                                     nobody)
-    assert programmer.outcome("A", PORT) == loaded
-    programmer.claim_finished("A", recorded=False)  # e.g. its second device was refused
-    assert programmer.outcome("A", PORT) is None
-    programmer.unprepared("A", nobody)  # nothing to clear: it never held the device
-    await programmer.close()
-    assert held_now(node) == HEX[NLB3_AFU_ID]
-
-
 async def test_a_second_call_for_a_claim_keeps_it_registered_until_both_end(
         node: FakeNode, library: ImageLibrary, tmp_path: Path) -> None:
     programmer, loader = programmer_for(node, library, tmp_path)
     programmer.claim_started("A", [PORT])
     programmer.claim_started("A", [PORT])  # the kubelet called again
-    programmer.claim_finished("A", recorded=False)  # the first call ends
+    programmer.claim_finished("A")  # the first call ends
     with pytest.raises(ProgrammingRefused, match=r"other claim\(s\) \(A\)"):
         await programmer.ensure("ns/b", "B", PORT, spec(NLB3_AFU_ID, "nlb3.gbs"), nobody)
     assert loader.jobs == []

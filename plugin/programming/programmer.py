@@ -36,11 +36,11 @@ from collections.abc import Callable, Iterable, Mapping
 from plugin.model.devices import Device, DeviceSet
 from plugin.model.programming import OFF
 from plugin.process import metrics
-from plugin.programming.claim_record import LOADED, SKIPPED, ClaimRecord, Outcome
 from plugin.programming.function_config import FunctionSpec
 from plugin.programming.ids import dashed
 from plugin.programming.image_checks import ImageChecks, held_function
 from plugin.programming.loaders.base import Loader, LoadFailed, LoadJob
+from plugin.programming.outcome import LOADED, SKIPPED, Outcome
 from plugin.programming.quarantine import Quarantine
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ class Programmer:
                  checks: ImageChecks | None, quarantine: Quarantine,
                  devices: Callable[[], DeviceSet], rescan: Callable[[str], None],
                  driver: str, timeout: float = DEFAULT_TIMEOUT,
-                 told: Told | None = None, record: ClaimRecord | None = None) -> None:
+                 told: Told | None = None) -> None:
         self.enabled = enabled
         self.loaders = dict(loaders)
         self.checks = checks
@@ -90,8 +90,6 @@ class Programmer:
         self._devices = devices
         self._rescan = rescan
         self._told = told
-        self.record = record or ClaimRecord(None)
-        """Per prepared claim: what was done (for its status) and what to clear to."""
         self._clearing: set[asyncio.Task[None]] = set()
         self._locks: dict[str, asyncio.Lock] = {}
         self._changed = asyncio.Event()
@@ -114,10 +112,6 @@ class Programmer:
     def programmable(self, device: Device) -> bool:
         return self.unavailable(device) is None
 
-    def outcome(self, uid: str, device_id: str) -> Outcome | None:
-        """What was done for claim ``uid``'s device (for its status), if it named a function."""
-        return self.record.get(uid, device_id)
-
     # -- the device feed and the socket -------------------------------------------------
 
     def devices_changed(self) -> None:
@@ -125,9 +119,8 @@ class Programmer:
         self._changed.set()
 
     def take_ownership(self) -> None:
-        """This instance holds the driver's socket: the records written by the one before it
-        (a rolling update) are read again, and from now on this one writes them."""
-        self.record.take_ownership()
+        """This instance holds the driver's socket: what the one before it (a rolling
+        update) recorded of failed loads is read again, and from now on this one writes it."""
         self.quarantine.take_ownership()
 
     # -- claims -------------------------------------------------------------------------
@@ -138,9 +131,9 @@ class Programmer:
         for device_id in device_ids:
             self._claimed.setdefault(device_id, Counter())[uid] += 1
 
-    def claim_finished(self, uid: str, recorded: bool) -> None:
-        """The call preparing claim ``uid`` is over; ``recorded``: the checkpoint holds the
-        claim now (else it was refused, and nothing done for it is kept)."""
+    def claim_finished(self, uid: str) -> None:
+        """The call preparing claim ``uid`` is over: the claim is recorded (the checkpoint
+        speaks for it from now on) or refused."""
         for device_id in [d for d, uids in self._claimed.items() if uid in uids]:
             uids = self._claimed[device_id]
             uids[uid] -= 1
@@ -148,8 +141,6 @@ class Programmer:
                 del uids[uid]
             if not uids:
                 del self._claimed[device_id]
-        if not recorded and not any(uid in uids for uids in self._claimed.values()):
-            self.record.take(uid)
 
     def configuration_refused(self, device_ids: Iterable[str]) -> None:
         """A claim's configuration could not be read: each of its devices counts as refused."""
@@ -167,12 +158,13 @@ class Programmer:
             if loading is not None and not loading.done():
                 await asyncio.wait([loading])
 
-    def unprepared(self, uid: str, holders: Callable[[str], list[str]]) -> None:
-        """Claim ``uid`` is unprepared: its outcomes are forgotten, and the function its
-        DeviceClass clears to is loaded, after the kubelet's answer, unless another claim
-        holds the device by then."""
-        for device_id, outcome in self.record.take(uid).items():
-            clear = outcome.spec.clear
+    def unprepared(self, uid: str, outcomes: Iterable[Outcome],
+                   holders: Callable[[str], list[str]]) -> None:
+        """Claim ``uid`` (whose devices got ``outcomes``) is unprepared: the function its
+        DeviceClass clears each device to is loaded, after the kubelet's answer, unless
+        another claim holds the device by then."""
+        for outcome in outcomes:
+            clear, device_id = outcome.spec.clear, outcome.device_id
             if clear is None:
                 continue
             task = asyncio.get_running_loop().create_task(
@@ -220,9 +212,7 @@ class Programmer:
         """Make ``device_id`` hold ``spec`` for claim ``uid`` (``claim``: its name, for
         messages); ``holders(device_id)`` names the other prepared claims that hold the
         device. :class:`ProgrammingRefused` with the reason when it cannot."""
-        outcome = await self._give(claim, uid, device_id, spec, holders)
-        self.record.put(uid, outcome)
-        return outcome
+        return await self._give(claim, uid, device_id, spec, holders)
 
     async def _give(self, claim: str, uid: str, device_id: str, spec: FunctionSpec,
                     holders: Callable[[str], list[str]]) -> Outcome:

@@ -10,10 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-from plugin.cli.config import Settings, dra_state_dir
+from plugin.cli.config import Settings
 from plugin.model.devices import Device, DeviceSet
 from plugin.model.programming import WhyNot, never_why
-from plugin.programming.claim_record import ClaimRecord
 from plugin.programming.image_checks import ImageChecks, held_function
 from plugin.programming.library import ImageLibrary
 from plugin.programming.loaders.base import Loader, LoadFailed
@@ -50,8 +49,7 @@ def programmer_for(settings: Settings, quarantine: Quarantine,
     checks = ImageChecks(ImageLibrary(Path(settings.image_library), settings.image_max_bytes))
     return Programmer(enabled=enabled, loaders=chosen, checks=checks, quarantine=quarantine,
                       devices=devices, rescan=rescan, driver=settings.dra_driver_name,
-                      timeout=settings.program_timeout, told=told,
-                      record=ClaimRecord(dra_state_dir(settings)))
+                      timeout=settings.program_timeout, told=told)
 
 
 async def functions_only_tools_tell(settings: Settings, devices: Iterable[Device]

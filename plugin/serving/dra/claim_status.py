@@ -44,7 +44,7 @@ from plugin.serving.dra.health import HealthState, health_of
 from plugin.serving.dra.prepared import PreparedClaim, PreparedDevice, describe
 
 if TYPE_CHECKING:
-    from plugin.programming.programmer import Outcome
+    from plugin.programming.outcome import Outcome
 
 log = logging.getLogger(__name__)
 

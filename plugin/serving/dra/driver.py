@@ -43,6 +43,7 @@ from plugin.model.held import (
 )
 from plugin.model.programming import never
 from plugin.process import metrics
+from plugin.programming.outcome import Outcome
 from plugin.programming.programmer import Programmer
 from plugin.serving.dra.apiserver import (
     REQUEST_TIMEOUT,
@@ -204,11 +205,9 @@ class DraDriver:
 
         if self._preparer is None:
             place.state_dir.mkdir(parents=True, exist_ok=True)
-            programmer = self.programmer
             self._status = ClaimStatusReporter(
                 place.driver, lambda: self.feed.current, write_status,
-                function_of=programmer.outcome if programmer is not None
-                else (lambda uid, device_id: None))
+                function_of=self._function_of)
             # Read at first use, which comes through the socket: only the instance holding
             # it reads the record (a rolling update's newcomer waits for the old one first).
             checkpoint = ClaimCheckpoint(place.state_dir / CHECKPOINT_FILE, load=False)
@@ -358,6 +357,11 @@ class DraDriver:
                 log.info("DRA driver %s: the API server configuration can be read now",
                          self.place.driver)
             return api
+
+    def _function_of(self, uid: str, device_id: str) -> Outcome | None:
+        """What was done to give claim ``uid``'s device its function, as recorded."""
+        claim = self._preparer.checkpoint.get(uid) if self._preparer is not None else None
+        return claim.function(device_id) if claim is not None else None
 
     def _held_by(self) -> dict[str, str]:
         return {device_id: f"held by {', '.join(holders)}"

@@ -40,6 +40,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from plugin.model.allocation import name_some
 from plugin.process import metrics
 from plugin.programming.function_config import NO_FUNCTIONS, ClaimFunctions, functions_of
+from plugin.programming.outcome import Outcome
 from plugin.programming.programmer import Programmer, ProgrammingRefused
 from plugin.serving.dra.checkpoint import CheckpointError, ClaimCheckpoint
 from plugin.serving.dra.claim_cdi import ClaimSpecs
@@ -165,8 +166,7 @@ class ClaimPreparer:
         finally:
             if self.programmer is not None:
                 for uid in pending:
-                    result = results.get(uid)
-                    self.programmer.claim_finished(uid, result is not None and result.ok)
+                    self.programmer.claim_finished(uid)
         return results
 
     async def _again(self, known: PreparedClaim) -> ClaimResult:
@@ -238,16 +238,17 @@ class ClaimPreparer:
             # From here until the claim is recorded or refused, no load for anyone else
             # starts on its devices, whether or not it names a function.
             self.programmer.claim_started(ref.uid, [d.device_id for d in devices])
-        await self._program(ref, allocation, devices)
+        functions = await self._program(ref, allocation, devices)
         spec = None
         if self.claim_specs is not None and devices:
             devices = self._with_env(ref.uid, devices)
             spec = self.claim_specs.file_name(ref.uid)  # written by _record
-        return PreparedClaim(ref, devices, spec)
+        return PreparedClaim(ref, devices, spec, functions)
 
     async def _program(self, ref: ClaimRef, allocation: ClaimAllocation,
-                       devices: tuple[PreparedDevice, ...]) -> None:
-        """Each device given the function its request's configuration names, if any."""
+                       devices: tuple[PreparedDevice, ...]) -> tuple[Outcome, ...]:
+        """Each device given the function its request's configuration names, if any: what
+        was done, recorded with the claim."""
         try:
             functions = self._functions(ref, allocation)
         except Refused:
@@ -261,15 +262,17 @@ class ClaimPreparer:
             if wanted:
                 raise Refused(f"claim {describe(ref)} names a function to load, and this "
                               "driver does not program devices")
-            return
+            return ()
         try:
             # No answer while a load (a clear, another claim's) is changing a device.
             await programmer.settled(d.device_id for d in devices)
-            for device, spec in wanted:  # every device checked before any is loaded
-                await programmer.check(device.device_id, spec)
-            for device, spec in wanted:
+            if len(wanted) > 1:  # every device checked before any is loaded
+                for device, spec in wanted:
+                    await programmer.check(device.device_id, spec)
+            return tuple([
                 await programmer.ensure(describe(ref), ref.uid, device.device_id, spec,
                                         lambda device_id: self._holders(ref.uid, device_id))
+                for device, spec in wanted])
         except ProgrammingRefused as refusal:
             raise Refused(f"claim {describe(ref)}: {refusal}") from None
 
@@ -421,12 +424,15 @@ class ClaimPreparer:
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         """Claim UID -> error (``""``: done) for every claim asked; from the checkpoint only."""
+        known = {ref.uid: entry for ref in claims
+                 if (entry := self.checkpoint.get(ref.uid)) is not None}
         results = await self._unprepare(claims)
         if self.programmer is not None:
             for uid, error in results.items():
-                if not error:
+                if not error and uid in known:
                     self.programmer.unprepared(
-                        uid, lambda device_id, uid=uid: self._holders(uid, device_id))
+                        uid, known[uid].functions,
+                        lambda device_id, uid=uid: self._holders(uid, device_id))
         failed = sum(1 for error in results.values() if error)
         metrics.dra_claims(self.driver, "unprepare", len(results) - failed, failed)
         if self.on_unprepared is not None:

@@ -8,10 +8,14 @@ NodePrepareResources answer exactly what the first one did, even across a restar
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
+from plugin.programming.outcome import Outcome, outcome_from_json, outcome_to_json
 from plugin.serving.dra.claims_model import ClaimRef
+
+log = logging.getLogger(__name__)
 
 
 def base_request(request: str) -> str:
@@ -61,13 +65,22 @@ class PreparedClaim:
     devices: tuple[PreparedDevice, ...]
     claim_spec: str | None = None
     """File name of the claim's own CDI spec (its environment) in the CDI directory."""
+    functions: tuple[Outcome, ...] = ()
+    """For each device whose request named a function: what was done (checkpoint minor 2;
+    a release before it reads past the field)."""
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"namespace": self.ref.namespace, "name": self.ref.name,
                                 "devices": [d.to_json() for d in self.devices]}
         if self.claim_spec is not None:
             data["claimSpec"] = self.claim_spec
+        if self.functions:
+            data["functions"] = [outcome_to_json(o) for o in self.functions]
         return data
+
+    def function(self, device_id: str) -> Outcome | None:
+        """What was done to give ``device_id`` the function its request named, if any."""
+        return next((o for o in self.functions if o.device_id == device_id), None)
 
     @classmethod
     def from_json(cls, uid: str, data: dict[str, Any]) -> PreparedClaim:
@@ -78,7 +91,8 @@ class PreparedClaim:
         if spec is not None and not isinstance(spec, str):
             raise ValueError(f"claim {uid}: 'claimSpec' is not text")
         return cls(ClaimRef(_text(data, "namespace"), _text(data, "name"), uid),
-                   tuple(PreparedDevice.from_json(d) for d in devices), spec)
+                   tuple(PreparedDevice.from_json(d) for d in devices), spec,
+                   _functions(uid, data.get("functions")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,3 +127,18 @@ def _texts(data: dict[str, Any], key: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ValueError(f"{key!r} is not a list of text")
     return tuple(value)
+
+
+def _functions(uid: str, entries: object) -> tuple[Outcome, ...]:
+    """The claim's function outcomes; a malformed list costs the status its function
+    fields (and the device its clear), never the claim its record."""
+    if entries is None:
+        return ()
+    try:
+        if not isinstance(entries, list):
+            raise TypeError("not a list")
+        return tuple(outcome_from_json(entry) for entry in entries)
+    except (TypeError, ValueError, KeyError) as exc:
+        log.warning("claim %s: its recorded functions cannot be read (%s); kept without them",
+                    uid, exc)
+        return ()
