@@ -424,8 +424,9 @@ class ClaimPreparer:
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         """Claim UID -> error (``""``: done) for every claim asked; from the checkpoint only."""
-        known = {ref.uid: entry for ref in claims
-                 if (entry := self.checkpoint.get(ref.uid)) is not None}
+        known = {} if self.programmer is None or self._unavailable() is not None else {
+            ref.uid: entry for ref in claims
+            if (entry := self.checkpoint.get(ref.uid)) is not None}
         results = await self._unprepare(claims)
         if self.programmer is not None:
             for uid, error in results.items():
