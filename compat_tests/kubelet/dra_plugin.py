@@ -90,6 +90,17 @@ class DraPluginClient:
             log.warning("kubelet %s: %s of %s failed: %s", self.model.name, method.path,
                         self.driver, error)
             return None, DriverCall(self.driver, self.endpoint, method.path, uids, error)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the caller's own cancellation
+            # The channel was closed under the call (the driver's socket went away and the
+            # kubelet deregistered it): grpc-go answers such a call with an error, Canceled
+            # with ErrClientConnClosing's text, where grpc.aio cancels the awaiting task.
+            error = "rpc error: code = Canceled desc = grpc: the client connection is closing"
+            log.warning("kubelet %s: %s of %s failed: %s", self.model.name, method.path,
+                        self.driver, error)
+            return None, DriverCall(self.driver, self.endpoint, method.path, uids, error)
         return response, DriverCall(self.driver, self.endpoint, method.path, uids)
 
     def devices(self, entry: Any) -> tuple[PreparedDevice, ...]:
