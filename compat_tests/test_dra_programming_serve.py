@@ -320,3 +320,15 @@ async def test_a_claim_refused_for_its_second_device_changes_no_card(world: Worl
     assert "a function of the intel family, for a alveo device" in result.error
     assert world.tools.invocations() == []  # the first device was not loaded for nothing
     assert world.published()[DFL_PORT]["afuID"] == DEFAULT_AFU_ID
+
+
+async def test_programming_on_the_device_plugin_says_it_does_nothing(sockdir: Path,
+                                                                    logdir: Path) -> None:
+    plugin = PluginProcess(sockdir, logdir, extra=["--programming", "on"]).start()
+    try:
+        await plugin.wait_for_log(
+            lambda e: "--programming on has no effect with --api device-plugin" in
+            e.get("message", ""), what="the warning")
+        assert plugin.alive
+    finally:
+        plugin.kill()

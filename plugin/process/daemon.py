@@ -133,6 +133,10 @@ class Daemon:
         log.info("starting: version %s, backend %s, generations %s, directory %s; %s", VERSION,
                  self.backend.name, ",".join(a.name for a in self.candidates), self.directory,
                  describe(self.settings.origins))
+        if self.settings.programming == "on" and self.settings.api == "device-plugin":
+            log.warning("--programming on has no effect with --api device-plugin: the device "
+                        "plugin serves the functions loaded beforehand (a claim names the "
+                        "function to load only through DRA: --api dra or auto)")
         monitor = DeviceMonitor(self.backend, self.settings.rescan_interval, self.triggers,
                                 health_interval=self.settings.health_interval,
                                 stall_timeout=self.settings.scan_stall_timeout)
