@@ -151,14 +151,15 @@ REFERENCE_DRIVER = ("-m", "bench.reference_dra_driver")
 
 
 def dra_serve_command(root: Path, node: FakeNode, cdi: Path,
-                      launcher: tuple[str, ...] = SERVE) -> list[str]:
-    """``python LAUNCHER serve --api dra ...`` on this world's directories."""
+                      launcher: tuple[str, ...] = SERVE, flags: tuple[str, ...] = ()
+                      ) -> list[str]:
+    """``python LAUNCHER serve --api dra ... FLAGS`` on this world's directories."""
     command = serve_command(
         root / "kubelet", "--log-level", "info", "--api", "dra", "--node-name", NODE,
         "--kubeconfig", str(root / "kubeconfig"), "--plugins-registry-dir",
         str(root / "registry"), "--dra-state-dir", str(root / "state"), "--cdi-spec-dir",
         str(cdi), "--backend", "intel", "--sysfs-root", str(node.sysfs_root),
-        "--dev-root", str(node.dev_root))
+        "--dev-root", str(node.dev_root), *flags)
     assert command[1:3] == ["-m", "plugin"]
     return [command[0], *launcher, *command[3:]]
 
@@ -166,10 +167,11 @@ def dra_serve_command(root: Path, node: FakeNode, cdi: Path,
 @contextlib.asynccontextmanager
 async def dra_world(root: Path, node: FakeNode, devices: int, stderr: Path,
                     serve: tuple[str, ...] = SERVE,
-                    reference: tuple[str, ...] = REFERENCE_DRIVER):
+                    reference: tuple[str, ...] = REFERENCE_DRIVER,
+                    flags: tuple[str, ...] = ()):
     """The world above, with ``devices`` devices published and both drivers registered;
-    ``serve`` started as ``python SERVE serve ...`` (stderr in ``stderr``), the reference
-    as ``python REFERENCE REGISTRY KUBECONFIG``."""
+    ``serve`` started as ``python SERVE serve ... FLAGS`` (stderr in ``stderr``), the
+    reference as ``python REFERENCE REGISTRY KUBECONFIG``."""
     async with contextlib.AsyncExitStack() as stack:
         cdi = cdi_directory(root)
         stack.callback(shutil.rmtree, cdi, True)
@@ -186,7 +188,7 @@ async def dra_world(root: Path, node: FakeNode, devices: int, stderr: Path,
                                   dra=config)
         await kubelet.start()
         with open(stderr, "wb") as out:
-            serving = subprocess.Popen(dra_serve_command(root, node, cdi, serve),
+            serving = subprocess.Popen(dra_serve_command(root, node, cdi, serve, flags),
                                        stdout=subprocess.DEVNULL, stderr=out)
         stack.callback(_stop, serving)
         referencing = subprocess.Popen(

@@ -1,7 +1,8 @@
 """Programming at prepare, as the kubelet feels it: the fast path against prepare today.
 
-The real ``serve --api dra --programming on`` between an emulated 1.36 API server (HTTPS, its
-own CA, as in a pod) and an emulated 1.36 kubelet, on a fake node of six Intel ports, with
+The real ``serve --api dra --programming on`` in :mod:`bench.dra_world` (the reference driver
+registered beside it, idle): an emulated 1.36 API server (HTTPS, its own CA, as in a pod)
+and an emulated 1.36 kubelet, on a fake node of six Intel ports, with
 the stand-in ``fpgaconf`` (:mod:`compat_tests.fake_fpga_tools`: it parses the GBS and
 rewrites the port's ``afu_id``) made to take a fixed time per load. Three kinds of claims,
 taking turns claim by claim in the same process, each prepared by its own
@@ -22,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
-import subprocess
 import tempfile
 import time
 from collections.abc import AsyncIterator
@@ -30,17 +30,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.dra_world import DRIVER, MODEL, NAMESPACE, NODE, cdi_directory, dra_serve_command
-from bench.serving import stop as _stop
+from bench.dra_world import DRIVER, NAMESPACE, NODE, dra_world
 from bench.table import Row, median, ms, percentile
 from compat_tests.apiserver import ApiServerEmulator, objects
-from compat_tests.dra_support import until, wiper
 from compat_tests.fake_fpga_tools import write_stand_in_tools
 from compat_tests.fake_sysfs import DEFAULT_INTERFACE_ID, FakeNode, build_intel_node
 from compat_tests.fpga_images import NLB0_AFU_ID, NLB3_AFU_ID, build_gbs, write_image
 from compat_tests.kubelet import KubeletEmulator
-from compat_tests.kubelet.dra import DraConfig
 from compat_tests.kubelet.dra_results import ClaimRef
+from plugin.programming.ids import dashed
 
 CLAIMS = 400
 WARM_UP = 50
@@ -53,9 +51,6 @@ LOAD_PORT = "pci-0000-5e-00-0"
 """Port 0 of an OPAE card: fpgaconf loads it."""
 
 
-def _dashed(hex_id: str) -> str:
-    h = hex_id
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def _config(afu: str, image: str) -> dict[str, Any]:
@@ -93,37 +88,18 @@ class World:
 
 @contextlib.asynccontextmanager
 async def _world(root: Path, node: FakeNode) -> AsyncIterator[World]:
+    """:func:`bench.dra_world.dra_world` with programming on: an image library holding nlb0
+    and nlb3, and the stand-in ``fpgaconf`` taking :data:`TOOL_DELAY` per load."""
     library = root / "images"
     for afu, name in ((NLB0_AFU_ID, "nlb0.gbs"), (NLB3_AFU_ID, "nlb3.gbs")):
         write_image(library, name, build_gbs(afu_ids=(afu,),
-                                             interface_id=_dashed(DEFAULT_INTERFACE_ID)))
+                                             interface_id=dashed(DEFAULT_INTERFACE_ID)))
     tools = write_stand_in_tools(root / "tools", node, delay=TOOL_DELAY)
-    async with contextlib.AsyncExitStack() as stack:
-        cdi = cdi_directory(root)
-        stack.callback(shutil.rmtree, cdi, True)
-        api = await stack.enter_async_context(ApiServerEmulator(MODEL, tls=True))
-        api.create_node(NODE)
-        api.create_namespace(NAMESPACE)
-        api.create_device_class(DRIVER, driver=DRIVER)
-        api.write_kubeconfig(root / "kubeconfig")
-        (root / "registry").mkdir()
-        kubelet = KubeletEmulator(root / "kubelet", MODEL, plugins_registry=root / "registry",
-                                  dra=DraConfig(node_name=NODE, wipe_slices=wiper(api)))
-        await kubelet.start()
-        stack.push_async_callback(kubelet.stop)
-        command = [*dra_serve_command(root, node, cdi, ("-m", "plugin")),
-                   "--programming", "on", "--intel-loader", "fpgaconf",
-                   "--fpgaconf", str(tools.fpgaconf), "--image-library", str(library)]
-        serving = subprocess.Popen(command, stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL)
-        stack.callback(_stop, serving)
-        assert kubelet.dra is not None
-        await kubelet.dra.wait_until(lambda: bool(kubelet.dra.endpoints(DRIVER)), 30.0,
-                                     "driver registered")
-        await until(lambda: len([d for s in api.list("resourceslices")
-                                 for d in s["spec"].get("devices", [])]) == 6,
-                    "every port published", 30.0)
-        yield World(api, kubelet)
+    flags = ("--programming", "on", "--intel-loader", "fpgaconf",
+             "--fpgaconf", str(tools.fpgaconf), "--image-library", str(library))
+    async with dra_world(root, node, 6, root / "serve.stderr", serve=("-m", "plugin"),
+                         flags=flags) as world:
+        yield World(world.api, world.kubelet)
 
 
 async def _measure(root: Path, node: FakeNode) -> dict[str, list[float]]:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 
 from api_versions.retry import RetryPolicy
@@ -81,13 +82,31 @@ async def _until(condition: Callable[[], bool], timeout: float = 10.0) -> float:
 
 
 async def run_demo(kind: str = "intel") -> int:
-    root = Path(tempfile.mkdtemp(prefix="dpdemo", dir="/tmp"))
+    return await told_in("dpdemo", lambda root: _story(root, kind))
+
+
+async def told_in(prefix: str, story: Callable[[Path], Awaitable[None]]) -> int:
+    """Run a demo's ``story`` in a fresh directory under /tmp, narrated, removed afterwards."""
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     try:
         with _narration():
-            await _story(root, kind)
+            await story(root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return 0
+
+
+def show_container(cdi: Path, ids: Sequence[str]) -> None:
+    """What the container of CDI devices ``ids`` gets from the specs in ``cdi``."""
+    for spec_file in sorted(cdi.glob("*.json")):
+        spec = json.loads(spec_file.read_text())
+        for entry in spec["devices"]:
+            if f"{spec['kind']}={entry['name']}" in ids:
+                edits = entry["containerEdits"]
+                for env in edits.get("env", []):
+                    say(f"  the container gets {env}")
+                for dev in edits.get("deviceNodes", []):
+                    say(f"  the container gets device node {dev['path']}")
 
 
 async def _story(root: Path, kind: str) -> None:

@@ -17,15 +17,12 @@ same: a claim still prepared keeps its port Unhealthy to the 1.33 device plugin 
 from __future__ import annotations
 
 import asyncio
-import json
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
 from api_versions.retry import RetryPolicy
 from compat_tests.apiserver import ApiServerEmulator
-from compat_tests.demo import RESOURCE, _narration, _until, say, section
+from compat_tests.demo import RESOURCE, _until, say, section, show_container, told_in
 from compat_tests.fake_sysfs import build_intel_node
 from compat_tests.kubelet import KubeletEmulator
 from compat_tests.kubelet.dra import DraConfig
@@ -41,13 +38,7 @@ DRIVER = "accelerator.b-com.com"
 
 
 async def run_migration_demo() -> int:
-    root = Path(tempfile.mkdtemp(prefix="dpdra", dir="/tmp"))
-    try:
-        with _narration():
-            await _story(root)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    return 0
+    return await told_in("dpdra", _story)
 
 
 async def _story(root: Path) -> None:
@@ -184,14 +175,6 @@ async def _dra_pod(api: ApiServerEmulator, kubelet: KubeletEmulator, cdi: Path,
     outcome = await kubelet.dra.prepare([ref])
     ids = outcome.cdi_ids(ref.uid)
     say(f"  NodePrepareResources -> CDI devices {', '.join(ids)}")
-    for spec_file in sorted(cdi.glob("*.json")):
-        spec = json.loads(spec_file.read_text())
-        for entry in spec["devices"]:
-            if f"{spec['kind']}={entry['name']}" in ids:
-                edits = entry["containerEdits"]
-                for env in edits.get("env", []):
-                    say(f"  the container gets {env}")
-                for dev in edits.get("deviceNodes", []):
-                    say(f"  the container gets device node {dev['path']}")
+    show_container(cdi, ids)
     return "pod-accelerators", next(i for i in device_ids if device_name(i) == device)
 

@@ -16,9 +16,6 @@ layout, then rewrites the fake sysfs as the kernel would after a load.
 from __future__ import annotations
 
 import asyncio
-import json
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -27,7 +24,7 @@ import yaml
 from api_versions.retry import RetryPolicy
 from compat_tests.apiserver import ApiServerEmulator
 from compat_tests.apiserver.allocate import extended_resource_claim
-from compat_tests.demo import _narration, _until, say, section
+from compat_tests.demo import _until, say, section, show_container, told_in
 from compat_tests.dra_support import wiper
 from compat_tests.fake_port_pr import FakePortPr
 from compat_tests.fake_sysfs import DEFAULT_INTERFACE_ID, FakeNode
@@ -38,6 +35,7 @@ from compat_tests.kubelet.dra_results import ClaimRef
 from plugin.cli.config import Settings
 from plugin.discovery.backends import make_backend
 from plugin.process.daemon import Daemon
+from plugin.programming.ids import dashed
 from plugin.programming.loaders.intel_pr import PortPrIoctl
 from plugin.serving.deviceplugin.server import Timing
 
@@ -48,19 +46,10 @@ CLASS_FILE = Path(__file__).resolve().parents[1] / "deploy" / "examples" / "prog
     "intel-nlb0.yaml"
 
 
-def _dashed(hex_id: str) -> str:
-    h = hex_id
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 async def run_programming_demo() -> int:
-    root = Path(tempfile.mkdtemp(prefix="dpprog", dir="/tmp"))
-    try:
-        with _narration():
-            await _story(root)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    return 0
+    return await told_in("dpprog", _story)
 
 
 async def _story(root: Path) -> None:
@@ -69,7 +58,7 @@ async def _story(root: Path) -> None:
     node.add_dfl_card("0000:3b:00.0", ports=2, numa_node=0, afu_id=nlb3)
     node.add_dfl_card("0000:d8:00.0", numa_node=1, afu_id=nlb3)
     library = root / "images"
-    gbs = build_gbs(afu_ids=(NLB0_AFU_ID,), interface_id=_dashed(DEFAULT_INTERFACE_ID),
+    gbs = build_gbs(afu_ids=(NLB0_AFU_ID,), interface_id=dashed(DEFAULT_INTERFACE_ID),
                     name="nlb_400", bitstream=b"\x5a\xa5" * 4096)
     write_image(library, "nlb0.gbs", gbs)
     section("A simulated node: three Intel FPGA ports, every one holding NLB3")
@@ -77,7 +66,7 @@ async def _story(root: Path) -> None:
         say(f"  {device.id:<20} {device.attribute('port'):<12} afu {device.attribute('afu_id')}"
             f"  interface {device.attribute('interface_id')}")
     say(f"  the image library {library}: nlb0.gbs ({len(gbs)} bytes, AFU "
-        f"{NLB0_AFU_ID}, built for interface {_dashed(DEFAULT_INTERFACE_ID)})")
+        f"{NLB0_AFU_ID}, built for interface {dashed(DEFAULT_INTERFACE_ID)})")
 
     async with ApiServerEmulator("1.36") as api:
         api.create_node(NODE)
@@ -131,7 +120,7 @@ async def _story(root: Path) -> None:
         await _until(lambda: _afu(api, device) == NLB0_AFU_ID.replace("-", ""), timeout=15)
         say(f"  {device} republished with afuID {_afu(api, device)}")
         say(f"  NodePrepareResources -> CDI devices {', '.join(ids)}")
-        _container(root / "cdi", ids)
+        show_container(root / "cdi", ids)
         await _until(lambda: _status(api, claim), timeout=15)
         entry = _status(api, claim)[0]
         say(f"  kubectl describe resourceclaim: {entry['data']['functionLoaded']}; "
@@ -205,15 +194,3 @@ async def _status_when(api: ApiServerEmulator, claim: dict) -> dict:
 
 def _events(api: ApiServerEmulator, reason: str) -> list[dict]:
     return [e for e in api.list("events", "default") if e["reason"] == reason]
-
-
-def _container(cdi: Path, ids: tuple[str, ...]) -> None:
-    for spec_file in sorted(cdi.glob("*.json")):
-        spec = json.loads(spec_file.read_text())
-        for entry in spec["devices"]:
-            if f"{spec['kind']}={entry['name']}" in ids:
-                edits = entry["containerEdits"]
-                for env in edits.get("env", []):
-                    say(f"  the container gets {env}")
-                for dev in edits.get("deviceNodes", []):
-                    say(f"  the container gets device node {dev['path']}")

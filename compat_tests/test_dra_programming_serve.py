@@ -35,6 +35,7 @@ from compat_tests.kubelet import KubeletEmulator
 from compat_tests.kubelet.dra import DraConfig
 from compat_tests.kubelet.dra_results import ClaimRef
 from compat_tests.plugin_process import PluginProcess
+from plugin.programming.ids import dashed
 
 NODE = "node-a"
 DRIVER = "accelerator.b-com.com"
@@ -48,8 +49,6 @@ NLB3 = NLB3_AFU_ID.replace("-", "")
 COUNT = 6
 
 
-def dashed(hex_id: str) -> str:
-    return f"{hex_id[:8]}-{hex_id[8:12]}-{hex_id[12:16]}-{hex_id[16:20]}-{hex_id[20:]}"
 
 
 def function(**fields: Any) -> dict[str, Any]:

@@ -257,11 +257,8 @@ async def test_a_function_of_another_family_is_refused(
 async def test_a_class_that_clears_on_unprepare_loads_its_function_after_the_claim(
         node: FakeNode, library: ImageLibrary, tmp_path: Path) -> None:
     programmer, loader = programmer_for(node, library, tmp_path)
-    with_clear = parse_function(DRIVER, {
-        "apiVersion": f"{DRIVER}/v1alpha1", "kind": "FpgaFunction", "afuID": NLB3_AFU_ID,
-        "image": "nlb3.gbs", "clearOnUnprepare": {"afuID": NLB0_AFU_ID, "image": "nlb0.gbs"}},
-        "DeviceClass configuration 0", from_class=True)
-    loaded = await programmer.ensure("ns/c", "u", PORT, with_clear, nobody)
+    nlb3_then_nlb0 = with_clear(NLB3_AFU_ID, "nlb3.gbs", NLB0_AFU_ID, "nlb0.gbs")
+    loaded = await programmer.ensure("ns/c", "u", PORT, nlb3_then_nlb0, nobody)
     assert loaded.result == LOADED
     programmer.unprepared("u", [loaded], nobody)
     await programmer.close()
@@ -275,11 +272,8 @@ async def test_a_class_that_clears_on_unprepare_loads_its_function_after_the_cla
 async def test_a_clear_never_loads_under_a_claim_that_holds_the_device_by_then(
         node: FakeNode, library: ImageLibrary, tmp_path: Path) -> None:
     programmer, loader = programmer_for(node, library, tmp_path)
-    with_clear = parse_function(DRIVER, {
-        "apiVersion": f"{DRIVER}/v1alpha1", "kind": "FpgaFunction", "afuID": NLB3_AFU_ID,
-        "image": "nlb3.gbs", "clearOnUnprepare": {"afuID": NLB0_AFU_ID, "image": "nlb0.gbs"}},
-        "DeviceClass configuration 0", from_class=True)
-    loaded = await programmer.ensure("ns/c", "u", PORT, with_clear, nobody)
+    nlb3_then_nlb0 = with_clear(NLB3_AFU_ID, "nlb3.gbs", NLB0_AFU_ID, "nlb0.gbs")
+    loaded = await programmer.ensure("ns/c", "u", PORT, nlb3_then_nlb0, nobody)
     programmer.unprepared("u", [loaded], lambda device_id: ["ns/next"])
     await programmer.close()
     assert len(loader.jobs) == 1

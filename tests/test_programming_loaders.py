@@ -10,7 +10,6 @@ from __future__ import annotations
 import errno
 import struct
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -36,6 +35,7 @@ from compat_tests.fpga_images import (
 )
 from plugin.discovery.backends import make_backend
 from plugin.model.devices import Device
+from plugin.programming.ids import dashed
 from plugin.programming.library import ImageLibrary
 from plugin.programming.loaders.aws import AwsFpgaSdk, parse_slot_state
 from plugin.programming.loaders.base import LoadFailed, LoadJob
@@ -49,8 +49,6 @@ BITSTREAM = bytes(range(256)) * 16 + b"\x01\x02\x03"  # not a multiple of 4: no 
 AGFI = "agfi-0fedcba9876543210"
 
 
-def dashed(hex_id: str) -> str:
-    return str(uuid.UUID(hex_id))
 
 
 def scan(node: FakeNode, backend: str) -> dict[str, Device]:

@@ -49,34 +49,11 @@ class ImageChecks:
         if device.backend == "intel":
             gbs = self._header(spec.image, "gbs")
             assert isinstance(gbs, GbsImage)
-            if not gbs.holds(spec.function_id):
-                raise ValueError(f"image {spec.image} holds AFU ID "
-                                 f"{', '.join(dashed(a) for a in gbs.afu_ids)}, not the "
-                                 f"{dashed(spec.function_id)} its configuration names")
-            if gbs.afu_id != spec.function_id:
-                raise ValueError(f"image {spec.image}: AFU ID {dashed(spec.function_id)} is "
-                                 "not its first accelerator cluster's, which is what the "
-                                 f"port would report ({dashed(gbs.afu_id)})")
-            try:
-                gbs.check_interface(device.attribute("interface_id") or None)
-            except ValueError as exc:
-                raise ValueError(f"image {spec.image} does not fit device {device.id}: "
-                                 f"{exc}") from None
+            check_gbs_fits(spec.image, gbs, spec.function_id, device)
         elif device.backend == "alveo":
             xclbin = self._header(spec.image, "xclbin")
             assert isinstance(xclbin, XclbinImage)
-            if not xclbin.holds(spec.function_id):
-                raise ValueError(f"image {spec.image} is xclbin {dashed(xclbin.uuid)}, not "
-                                 f"the {dashed(spec.function_id)} its configuration names")
-            if not xclbin.has_bitstream():
-                raise ValueError(f"image {spec.image} (xclbin {dashed(xclbin.uuid)}) has no "
-                                 "bitstream section to load")
-            try:
-                xclbin.check_target(device.attribute("shell") or None,
-                                    device.attribute("interface_uuid") or None)
-            except ValueError as exc:
-                raise ValueError(f"image {spec.image} does not fit device {device.id}: "
-                                 f"{exc}") from None
+            check_xclbin_fits(spec.image, xclbin, spec.function_id, device)
         else:
             raise ValueError(f"device {device.id} ({device.backend}) is not loaded from "
                              "image files")
@@ -110,6 +87,42 @@ class ImageChecks:
 def _identity(info: os.stat_result) -> _Identity:
     return _Identity(info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns,
                      info.st_ctime_ns)
+
+
+def check_gbs_fits(name: str, gbs: GbsImage, function_id: str, device: Device) -> None:
+    """ValueError unless GBS ``name`` holds ``function_id`` as the AFU its port would report
+    (the first accelerator cluster's) and was built for ``device``'s PR interface: the one
+    rule for a claim's configuration and for a loader's last look before the card."""
+    wanted = sysfs_id(function_id) or function_id
+    if not gbs.holds(wanted):
+        raise ValueError(f"image {name} holds AFU ID "
+                         f"{', '.join(dashed(a) for a in gbs.afu_ids)}, not the requested "
+                         f"{dashed(wanted)}")
+    if gbs.afu_id != wanted:
+        raise ValueError(f"image {name}: AFU ID {dashed(wanted)} is not its first "
+                         "accelerator cluster's, which is what the port would report "
+                         f"({dashed(gbs.afu_id)})")
+    try:
+        gbs.check_interface(device.attribute("interface_id") or None)
+    except ValueError as exc:
+        raise ValueError(f"image {name} does not fit device {device.id}: {exc}") from None
+
+
+def check_xclbin_fits(name: str, xclbin: XclbinImage, function_id: str,
+                      device: Device) -> None:
+    """ValueError unless xclbin ``name`` is ``function_id``, has a bitstream, and targets
+    ``device``'s shell (VBNV and interface UUID)."""
+    if not xclbin.holds(function_id):
+        raise ValueError(f"image {name} is xclbin {dashed(xclbin.uuid)}, not the requested "
+                         f"{dashed(sysfs_id(function_id) or function_id)}")
+    if not xclbin.has_bitstream():
+        raise ValueError(f"image {name} (xclbin {dashed(xclbin.uuid)}) has no bitstream "
+                         "section to load")
+    try:
+        xclbin.check_target(device.attribute("shell") or None,
+                            device.attribute("interface_uuid") or None)
+    except ValueError as exc:
+        raise ValueError(f"image {name} does not fit device {device.id}: {exc}") from None
 
 
 def held_function(device: Device) -> str | None:

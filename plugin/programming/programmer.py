@@ -176,7 +176,7 @@ class Programmer:
                      holders: Callable[[str], list[str]]) -> None:
         what = f"clearing after claim {uid}"
         try:
-            outcome = await self._give(what, f"clear:{uid}", device_id, clear, holders)
+            outcome = await self.ensure(what, f"clear:{uid}", device_id, clear, holders)
         except ProgrammingRefused as refusal:
             log.warning("%s: %s", what, refusal)
             return
@@ -198,24 +198,26 @@ class Programmer:
         before any is loaded: a claim refused for its second device must not have changed
         its first card for nothing."""
         await self.settled([device_id])
-        device = self._device(device_id)
+        await self._needs_load(self._device(device_id), spec)
+
+    async def _needs_load(self, device: Device, spec: FunctionSpec) -> bool:
+        """Whether ``device`` must be loaded to hold ``spec``; :class:`ProgrammingRefused`
+        for what no load could mend (a wrong image, a device that cannot be programmed)."""
         self._check_image(device, spec)
-        if await self._held(device) != spec.function_id:
-            why = self.unavailable(device)
-            if why is not None:
-                raise self._refuse(device, spec, f"it holds "
-                               f"{_shown_id(spec, await self._held(device))} and cannot be "
-                               f"programmed: {why}")
+        held = await self._held(device)
+        if held == spec.function_id:
+            return False
+        why = self.unavailable(device)
+        if why is not None:
+            raise self._refuse(device, spec, f"it holds {_shown_id(spec, held)} and cannot "
+                               f"be programmed: {why}")
+        return True
 
     async def ensure(self, claim: str, uid: str, device_id: str, spec: FunctionSpec,
                      holders: Callable[[str], list[str]]) -> Outcome:
         """Make ``device_id`` hold ``spec`` for claim ``uid`` (``claim``: its name, for
         messages); ``holders(device_id)`` names the other prepared claims that hold the
         device. :class:`ProgrammingRefused` with the reason when it cannot."""
-        return await self._give(claim, uid, device_id, spec, holders)
-
-    async def _give(self, claim: str, uid: str, device_id: str, spec: FunctionSpec,
-                    holders: Callable[[str], list[str]]) -> Outcome:
         began = time.monotonic()
         while True:
             # A load going on (another claim's, a clear, this claim's from a call the
@@ -232,16 +234,10 @@ class Programmer:
                     return loading.result()  # this claim's load, from a call given up
                 continue
             device = self._device(device_id)
-            self._check_image(device, spec)
-            held = await self._held(device)
-            if held == spec.function_id:
+            if not await self._needs_load(device, spec):
                 metrics.dra_programming(self.driver, device.backend, "", SKIPPED,
                                         time.monotonic() - began)
                 return Outcome(device_id, spec, SKIPPED)
-            why = self.unavailable(device)
-            if why is not None:
-                raise self._refuse(device, spec, f"it holds {_shown_id(spec, held)} and cannot "
-                                   f"be programmed: {why}")
             if self._loading.get(device_id) is None or self._loading[device_id].done():
                 break
         loading = asyncio.create_task(self._locked_load(claim, uid, device_id, spec, holders),

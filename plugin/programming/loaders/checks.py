@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from plugin.model.devices import Device
 from plugin.programming.gbs import GbsImage, parse_gbs
-from plugin.programming.ids import dashed, same_id, sysfs_id
+from plugin.programming.image_checks import check_gbs_fits, check_xclbin_fits
 from plugin.programming.library import ImageLibrary
 from plugin.programming.loaders.base import LoadFailed, LoadJob
 from plugin.programming.xclbin import XclbinImage
@@ -31,21 +31,6 @@ def image_source(job: LoadJob) -> tuple[ImageLibrary, str]:
     return job.library, job.image
 
 
-def check_gbs(job: LoadJob, gbs: GbsImage) -> None:
-    """Refuse a GBS not built for the device's interface or not holding the job's AFU ID."""
-    device = job.device
-    try:
-        gbs.check_interface(device.attrs.get("interface_id"))
-    except ValueError as exc:
-        raise LoadFailed(CHECK_STEP, f"{device.id}: image {job.image!r}: {exc}",
-                         touched=False) from None
-    wanted = sysfs_id(job.function_id)
-    if wanted is None or not same_id(gbs.afu_id, wanted):
-        raise LoadFailed(CHECK_STEP, f"{device.id}: image {job.image!r} holds AFU "
-                                     f"{dashed(gbs.afu_id)}, not the requested "
-                                     f"{job.function_id}", touched=False)
-
-
 def gbs_from_bytes(job: LoadJob, data: bytes | bytearray) -> GbsImage:
     """Parse and check the GBS whose bytes are ``data`` (the very bytes to be loaded)."""
     try:
@@ -54,47 +39,42 @@ def gbs_from_bytes(job: LoadJob, data: bytes | bytearray) -> GbsImage:
         raise LoadFailed(CHECK_STEP, f"{job.device.id}: image {job.image!r}: {exc}",
                          touched=False) from None
     # The header parse saw only the prefix; the bitstream runs to the end of ``data``.
-    gbs = _with_length(gbs, len(data) - gbs.bitstream_offset)
-    check_gbs(job, gbs)
-    if gbs.bitstream_length <= 0:
-        raise LoadFailed(CHECK_STEP, f"{job.device.id}: image {job.image!r} has no bitstream "
-                                     f"after its metadata", touched=False)
-    return gbs
+    return _checked_gbs(job, replace(gbs, bitstream_length=len(data) - gbs.bitstream_offset))
 
 
 def read_checked_gbs(job: LoadJob) -> GbsImage:
-    """The job's GBS header read from the library, checked as :func:`check_gbs` does."""
+    """The job's GBS header read from the library, checked as :func:`gbs_from_bytes` does."""
     library, name = image_source(job)
     try:
         gbs = library.read_gbs(name)
     except ValueError as exc:
         raise LoadFailed(CHECK_STEP, f"{job.device.id}: {exc}", touched=False) from None
-    check_gbs(job, gbs)
-    if gbs.bitstream_length <= 0:
-        raise LoadFailed(CHECK_STEP, f"{job.device.id}: image {name!r} has no bitstream "
-                                     f"after its metadata", touched=False)
-    return gbs
+    return _checked_gbs(job, gbs)
 
 
 def read_checked_xclbin(job: LoadJob) -> XclbinImage:
-    """The job's xclbin, refused unless its UUID is the job's and, when it names an
-    interface, the device's shell offers that interface."""
+    """The job's xclbin, refused unless it is the job's function and fits the device's
+    shell (:func:`~plugin.programming.image_checks.check_xclbin_fits`)."""
     library, name = image_source(job)
-    device = job.device
     try:
         xclbin = library.read_xclbin(name)
+        check_xclbin_fits(name, xclbin, job.function_id, job.device)
     except ValueError as exc:
-        raise LoadFailed(CHECK_STEP, f"{device.id}: {exc}", touched=False) from None
-    if not xclbin.holds(job.function_id):
-        raise LoadFailed(CHECK_STEP, f"{device.id}: image {name!r} is xclbin "
-                                     f"{dashed(xclbin.uuid)}, not the requested "
-                                     f"{job.function_id}", touched=False)
-    interface = device.attrs.get("interface_uuid")
-    if not xclbin.fits_interface(interface):
-        raise LoadFailed(CHECK_STEP, f"{device.id}: image {name!r} was built for interface "
-                                     f"{dashed(xclbin.interface_uuid or '')}; the shell's is "
-                                     f"{interface or 'unknown'}", touched=False)
+        raise LoadFailed(CHECK_STEP, f"{job.device.id}: {exc}", touched=False) from None
     return xclbin
+
+
+def _checked_gbs(job: LoadJob, gbs: GbsImage) -> GbsImage:
+    """``gbs`` refused (untouched) unless it fits the job's device and function
+    (:func:`~plugin.programming.image_checks.check_gbs_fits`) and has a bitstream."""
+    try:
+        check_gbs_fits(job.image or "", gbs, job.function_id, job.device)
+    except ValueError as exc:
+        raise LoadFailed(CHECK_STEP, f"{job.device.id}: {exc}", touched=False) from None
+    if gbs.bitstream_length <= 0:
+        raise LoadFailed(CHECK_STEP, f"{job.device.id}: image {job.image!r} has no bitstream "
+                                     f"after its metadata", touched=False)
+    return gbs
 
 
 def _header_bound(data: bytes | bytearray) -> int:
@@ -103,10 +83,6 @@ def _header_bound(data: bytes | bytearray) -> int:
         return len(data)
     declared = int.from_bytes(data[16:20], "little")
     return min(len(data), 20 + declared)
-
-
-def _with_length(gbs: GbsImage, length: int) -> GbsImage:
-    return replace(gbs, bitstream_length=length)
 
 
 def device_attr(device: Device, name: str, step: str) -> str:

@@ -36,9 +36,9 @@ from pathlib import Path
 
 from plugin.discovery.backends.pci import parse_bdf
 from plugin.model.devices import Device
-from plugin.programming.loaders.base import LoadFailed, LoadJob
-from plugin.programming.loaders.checks import image_source, read_checked_gbs
-from plugin.programming.loaders.tools import failure, run_tool, tool_problem
+from plugin.programming.loaders.base import LoadJob
+from plugin.programming.loaders.checks import read_checked_gbs
+from plugin.programming.loaders.tools import load_library_image, tool_problem
 
 FLAG = "--fpgaconf"
 STEP = "fpgaconf"
@@ -80,17 +80,5 @@ class Fpgaconf:
         return None  # the port's afu_id, which discovery reads, tells
 
     async def load(self, job: LoadJob) -> None:
-        device = job.device
-        problem = self.unavailable(device)
-        if problem is not None:
-            raise LoadFailed(STEP, problem, touched=False)
-        read_checked_gbs(job)
-        library, name = image_source(job)
-        try:
-            image = library.resolve(name)
-        except ValueError as exc:
-            raise LoadFailed("check image", f"{device.id}: {exc}", touched=False) from None
-        args = fpgaconf_args(device.attrs["pci_address"], image)
-        output = await run_tool(self.path, args, step=STEP, flag=FLAG, timeout=job.timeout)
-        if output.returncode != 0:
-            raise LoadFailed(STEP, failure(self.path, output))
+        await load_library_image(job, self.unavailable(job.device), read_checked_gbs, self.path,
+                                 fpgaconf_args, STEP, FLAG)

@@ -17,10 +17,12 @@ import contextlib
 import os
 import signal
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from plugin.programming.loaders.base import LoadFailed
+from plugin.programming.loaders.base import LoadFailed, LoadJob
+from plugin.programming.loaders.checks import CHECK_STEP, image_source
 
 OUTPUT_TAIL_BYTES = 4096
 """What is kept of each of a tool's output streams: the end, where its error is."""
@@ -143,3 +145,25 @@ async def _kill(process: asyncio.subprocess.Process) -> None:
         os.killpg(process.pid, signal.SIGKILL)
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(process.wait(), KILL_GRACE)
+
+
+async def load_library_image(job: LoadJob, problem: str | None,
+                             check: Callable[[LoadJob], object], tool: Path,
+                             args_for: Callable[[str, Path], list[str]], step: str,
+                             flag: str) -> None:
+    """What every loader that hands a vendor tool a library file does: refuse (untouched)
+    when the loader's ``problem`` or the image's ``check`` says so, resolve the file inside
+    the library, run ``tool`` with ``args_for(pci_address, path)``, and fail with its own
+    words when it exits non-zero."""
+    if problem is not None:
+        raise LoadFailed(step, problem, touched=False)
+    check(job)
+    library, name = image_source(job)
+    try:
+        image = library.resolve(name)
+    except ValueError as exc:
+        raise LoadFailed(CHECK_STEP, f"{job.device.id}: {exc}", touched=False) from None
+    output = await run_tool(tool, args_for(job.device.attrs["pci_address"], image), step=step,
+                            flag=flag, timeout=job.timeout)
+    if output.returncode != 0:
+        raise LoadFailed(step, failure(tool, output))
