@@ -45,6 +45,11 @@ class LoadJob:
     image: str | None = None
     timeout: float = 60.0
     """Seconds the load itself may take (a tool is killed past it)."""
+    sha256: str | None = None
+    """The digest the image's bytes must have (64 lower-case hex digits), when its
+    configuration pins one: the loader hashes exactly the bytes it checks and loads, and
+    refuses a mismatch (step :data:`~plugin.programming.digest.DIGEST_STEP`,
+    ``touched=False``) before anything reaches the card."""
 
 
 class Loader(Protocol):
