@@ -7,7 +7,12 @@ from typing import Any
 import pytest
 
 from api_versions.resource_claims import parse_claim
-from plugin.programming.function_config import NO_FUNCTIONS, functions_of, parse_function
+from plugin.programming.function_config import (
+    NO_FUNCTIONS,
+    FunctionRefused,
+    functions_of,
+    parse_function,
+)
 
 DRIVER = "accelerator.b-com.com"
 AFU = "d8424dc4-a4a3-c413-f89e-433683f9040b"
@@ -75,10 +80,14 @@ def test_clearing_is_the_admins_choice_only() -> None:
                                       clearOnUnprepare={"agfiID": AGFI}), "here", True)
 
 
+OTHER = "9e1f4ab2c6d3487a8b0e5f1a2c3d4e5f"
+
+
 def test_the_claims_own_configuration_overrides_its_class_for_the_requests_it_names() -> None:
-    other = "9e1f4ab2c6d3487a8b0e5f1a2c3d4e5f"
+    other = OTHER
     functions = functions_of(DRIVER, [
-        ("FromClass", ("fpga",), params(afuID=AFU, image="nlb0.gbs")),
+        ("FromClass", ("fpga",), params(afuID=AFU, image="nlb0.gbs",
+                                        allowedClaimFunctions=[{"afuID": other}])),
         ("FromClass", ("spare",), params(afuID=AFU, image="nlb0.gbs")),
         ("FromClaim", ("fpga",), params(afuID=other, image="nlb3.gbs")),
     ])
@@ -114,10 +123,90 @@ def test_a_claims_allocation_carries_its_configurations_in_order() -> None:
 def test_a_claims_own_function_keeps_its_classs_clear() -> None:
     functions = functions_of(DRIVER, [
         ("FromClass", ("fpga",), params(afuID=AFU, image="nlb0.gbs",
-                                        clearOnUnprepare={"afuID": AFU, "image": "blank.gbs"})),
+                                        clearOnUnprepare={"afuID": AFU, "image": "blank.gbs"},
+                                        allowedClaimFunctions=[{"afuID": OTHER}])),
         ("FromClaim", ("fpga",), params(afuID="9e1f4ab2c6d3487a8b0e5f1a2c3d4e5f",
                                         image="mine.gbs")),
     ])
     mine = functions.function_for("fpga")
     assert mine.image == "mine.gbs"
     assert mine.clear is not None and mine.clear.image == "blank.gbs"
+
+
+DIGEST = "ab" * 32
+
+
+def test_a_claims_own_function_is_refused_unless_its_class_allows_it() -> None:
+    functions = functions_of(DRIVER, [
+        ("FromClass", ("fpga",), params(afuID=AFU, image="nlb0.gbs")),
+        ("FromClaim", ("fpga",), params(afuID=OTHER, image="mine.gbs")),
+    ], {"fpga": "nlb0.intel"})
+    with pytest.raises(FunctionRefused) as refused:
+        functions.function_for("fpga")
+    words = str(refused.value)
+    assert "claim configuration 0" in words and "DeviceClass 'nlb0.intel'" in words
+    assert "afuID 9e1f4ab2-c6d3-487a-8b0e-5f1a2c3d4e5f" in words and "(field afuID)" in words
+    assert "allowedClaimFunctions" in words
+    assert refused.value.device_class == "nlb0.intel" and refused.value.request == "fpga"
+
+
+def test_a_class_without_any_function_allows_claims_none() -> None:
+    functions = functions_of(DRIVER, [
+        ("FromClaim", (), params(afuID=OTHER, image="mine.gbs"))], {"fpga": "plain"})
+    with pytest.raises(FunctionRefused, match=r"DeviceClass 'plain'.*allows: none"):
+        functions.function_for("fpga")
+
+
+def test_restating_the_classs_own_function_is_allowed_but_not_with_another_image() -> None:
+    cls = ("FromClass", ("fpga",), params(afuID=AFU, image="nlb0.gbs", sha256=DIGEST))
+    same = functions_of(DRIVER, [cls, ("FromClaim", (), params(afuID=AFU, image="nlb0.gbs"))])
+    assert same.function_for("fpga").sha256 == DIGEST  # the class's pin carries over
+    other_file = functions_of(DRIVER, [cls, ("FromClaim", (), params(afuID=AFU,
+                                                                      image="evil.gbs"))])
+    with pytest.raises(FunctionRefused):
+        other_file.function_for("fpga")
+
+
+def test_an_allowed_entry_pins_the_image_and_digest_it_names() -> None:
+    cls = ("FromClass", ("fpga",), params(allowedClaimFunctions=[
+        {"afuID": OTHER, "image": "nlb3.gbs", "sha256": DIGEST}]))
+    ok = functions_of(DRIVER, [cls, ("FromClaim", (), params(afuID=OTHER, image="nlb3.gbs"))])
+    assert (ok.function_for("fpga").image, ok.function_for("fpga").sha256) == ("nlb3.gbs",
+                                                                                DIGEST)
+    for claim in (params(afuID=OTHER, image="other.gbs"),
+                  params(afuID=OTHER, image="nlb3.gbs", sha256="cd" * 32)):
+        refused = functions_of(DRIVER, [cls, ("FromClaim", (), claim)])
+        with pytest.raises(FunctionRefused):
+            refused.function_for("fpga")
+    # A class that only lists choices names no function itself: its claims without one
+    # get none.
+    assert functions_of(DRIVER, [cls]).function_for("fpga") is None
+
+
+def test_only_a_class_may_list_what_claims_choose() -> None:
+    with pytest.raises(ValueError, match="allowedClaimFunctions may only be set in a Device"):
+        functions_of(DRIVER, [("FromClaim", (), params(
+            afuID=AFU, image="a.gbs", allowedClaimFunctions=[{"afuID": OTHER}]))])
+
+
+@pytest.mark.parametrize(("fields", "words"), [
+    ({"afuID": AFU, "image": "a.gbs", "sha256": "xyz"}, "is not a SHA-256 digest"),
+    ({"afuID": AFU, "image": "a.gbs", "sha256": 5}, "sha256 must be a string"),
+    ({"agfiID": AGFI, "sha256": DIGEST}, "sha256 is not used with agfiID"),
+    ({"allowedClaimFunctions": "nlb3"}, "must be a list of functions"),
+    ({"allowedClaimFunctions": [{"afuId": AFU}]}, "did you mean 'afuID'"),
+    ({"allowedClaimFunctions": [{"afuID": AFU}], "image": "a.gbs"},
+     "image is given but no function"),
+])
+def test_malformed_digests_and_catalogues_name_their_problem(fields, words) -> None:
+    with pytest.raises(ValueError, match="DeviceClass configuration 0") as refused:
+        functions_of(DRIVER, [("FromClass", (), params(**fields))])
+    assert words in str(refused.value)
+
+
+def test_a_digest_is_normalised_and_pins_the_clear_too() -> None:
+    spec = parse_function(DRIVER, params(afuID=AFU, image="a.gbs",
+                                         sha256=f"sha256:{DIGEST.upper()}",
+                                         clearOnUnprepare={"afuID": AFU, "image": "b.gbs",
+                                                           "sha256": DIGEST}), "here", True)
+    assert spec.sha256 == DIGEST and spec.clear is not None and spec.clear.sha256 == DIGEST

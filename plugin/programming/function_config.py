@@ -25,9 +25,23 @@ a path that is absolute or has ``..``: each is that claim's error, naming the co
 before the driver checks them.
 
 Configurations come in the server's order (classes first, then the claim's own), and for one
-request the last one that applies wins, so a claim can name a function other than its class's.
-Configurations of this driver of another ``kind`` or ``apiVersion`` are refused: there is no
-other kind, and silently ignoring a typo'd one would prepare a device with the wrong function.
+request the last one that applies wins. Configurations of this driver of another ``kind`` or
+``apiVersion`` are refused: there is no other kind, and silently ignoring a typo'd one would
+prepare a device with the wrong function.
+
+The admin's catalogue is enforced: anyone who may create a ResourceClaim writes the claim's
+own configuration, so a claim may name a function of its own only where its request's
+DeviceClass lets it, in ``allowedClaimFunctions``::
+
+        allowedClaimFunctions:                 # DeviceClass only
+          - afuID: 9e1f4ab2-...                # a function claims of this class may choose
+            image: nlb3/nlb3.gbs               # optional: pins the file (else the claim's)
+            sha256: 3f1c...                    # optional: pins the bytes (else the claim's)
+
+A claim restating its class's own function (same ID, same image) is allowed too; any other
+is refused, naming the class, the function and the field, before anything is loaded. A
+class may carry only ``allowedClaimFunctions`` (no function of its own): its claims must
+then pick one. ``sha256`` (64 hex digits) pins an image's content (:mod:`.digest`).
 """
 
 from __future__ import annotations
@@ -38,6 +52,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 
+from plugin.programming.digest import normalise_sha256
 from plugin.programming.ids import dashed, sysfs_id
 
 KIND = "FpgaFunction"
@@ -45,8 +60,13 @@ API_GROUP_VERSION = "v1alpha1"
 FUNCTION_FIELDS = {"afuID": "intel", "xclbinUUID": "alveo", "agfiID": "aws"}
 """Function ID field -> the device family (backend) it names a function of."""
 CLEAR_FIELD = "clearOnUnprepare"
-_TOP_FIELDS = ("apiVersion", "kind", *FUNCTION_FIELDS, "image", CLEAR_FIELD)
-_CLEAR_FIELDS = (*FUNCTION_FIELDS, "image")
+ALLOWED_FIELD = "allowedClaimFunctions"
+DIGEST_FIELD = "sha256"
+_TOP_FIELDS = ("apiVersion", "kind", *FUNCTION_FIELDS, "image", DIGEST_FIELD, CLEAR_FIELD,
+               ALLOWED_FIELD)
+_CLEAR_FIELDS = (*FUNCTION_FIELDS, "image", DIGEST_FIELD)
+MAX_ALLOWED = 64
+"""Entries of ``allowedClaimFunctions``: a catalogue, not a library listing."""
 _AGFI = re.compile(r"^agfi-[0-9a-f]{17}$")
 MAX_IMAGE_NAME = 1024
 
@@ -64,10 +84,15 @@ class FunctionSpec:
     where: str
     """Which configuration said so, for messages: ``DeviceClass configuration 0``."""
     clear: FunctionSpec | None = None
+    sha256: str | None = None
+    """The digest ``image``'s bytes must have, when the configuration pins one."""
 
     def describe(self) -> str:
         image = f" from image {self.image}" if self.image else ""
         return f"{self.field} {self.function_id}{image}"
+
+    def same_function(self, other: FunctionSpec) -> bool:
+        return (self.family, self.function_id) == (other.family, other.function_id)
 
     def shown(self) -> str:
         """``afuID d8424dc4-...`` as users and vendor tools print it."""
@@ -82,7 +107,26 @@ def config_api_version(driver: str) -> str:
 def parse_function(driver: str, parameters: object, where: str,
                    from_class: bool) -> FunctionSpec:
     """The function of one configuration's ``parameters``; ValueError naming ``where`` and
-    the field when they are not a well-formed ``FpgaFunction`` of ``driver``."""
+    the field when they are not a well-formed ``FpgaFunction`` of ``driver`` naming one."""
+    parsed = parse_config(driver, parameters, where, from_class)
+    if parsed.spec is None:
+        raise ValueError(f"{where}: exactly one of {' or '.join(FUNCTION_FIELDS)} names the "
+                         "function; none is given")
+    return parsed.spec
+
+
+@dataclass(frozen=True)
+class ParsedConfig:
+    """One configuration: its own function (None for a class that only lists what its
+    claims may choose) and, for a DeviceClass, the functions its claims may choose."""
+
+    spec: FunctionSpec | None
+    allowed: tuple[FunctionSpec, ...] = ()
+
+
+def parse_config(driver: str, parameters: object, where: str,
+                 from_class: bool) -> ParsedConfig:
+    """One configuration's ``parameters`` checked strictly (see the module docstring)."""
     if not isinstance(parameters, Mapping):
         raise ValueError(f"{where}: parameters must be an object with apiVersion "
                          f"{config_api_version(driver)} and kind {KIND}")
@@ -93,11 +137,22 @@ def parse_function(driver: str, parameters: object, where: str,
     if kind != KIND:
         raise ValueError(f"{where}: kind {kind!r} is not {KIND!r}")
     _no_unknown(parameters, _TOP_FIELDS, where)
+    for admin_only, why in ((CLEAR_FIELD, "what a card is left holding"),
+                            (ALLOWED_FIELD, "which functions a class's claims may load")):
+        if admin_only in parameters and not from_class:
+            raise ValueError(f"{where}: {admin_only} may only be set in a DeviceClass ({why} "
+                             "is the admin's choice)")
+    allowed = _allowed(parameters.get(ALLOWED_FIELD), where) \
+        if ALLOWED_FIELD in parameters else ()
+    named = any(name in parameters for name in FUNCTION_FIELDS)
+    if not named and ALLOWED_FIELD in parameters:
+        for extra in ("image", DIGEST_FIELD, CLEAR_FIELD):
+            if extra in parameters:
+                raise ValueError(f"{where}: {extra} is given but no function "
+                                 f"({' or '.join(FUNCTION_FIELDS)}) for it to apply to")
+        return ParsedConfig(None, allowed)
     clear = None
     if CLEAR_FIELD in parameters:
-        if not from_class:
-            raise ValueError(f"{where}: {CLEAR_FIELD} may only be set in a DeviceClass (what "
-                             "a card is left holding is the admin's choice)")
         value = parameters[CLEAR_FIELD]
         if not isinstance(value, Mapping):
             raise ValueError(f"{where}: {CLEAR_FIELD} must be an object")
@@ -108,10 +163,27 @@ def parse_function(driver: str, parameters: object, where: str,
         raise ValueError(f"{where}: {CLEAR_FIELD} names a function of the {clear.family} "
                          f"family ({clear.field}), the function one of the {spec.family} "
                          f"family ({spec.field})")
-    return FunctionSpec(spec.family, spec.field, spec.function_id, spec.image, where, clear)
+    return ParsedConfig(replace(spec, clear=clear), allowed)
 
 
-def _function(fields: Mapping[str, object], what: str, where: str) -> FunctionSpec:
+def _allowed(value: object, where: str) -> tuple[FunctionSpec, ...]:
+    what = f"{where}: {ALLOWED_FIELD}"
+    if not isinstance(value, list):
+        raise ValueError(f"{what} must be a list of functions")
+    if len(value) > MAX_ALLOWED:
+        raise ValueError(f"{what} has {len(value)} entries, more than {MAX_ALLOWED}")
+    entries = []
+    for index, entry in enumerate(value):
+        at = f"{what}[{index}]"
+        if not isinstance(entry, Mapping):
+            raise ValueError(f"{at} must be an object naming a function")
+        _no_unknown(entry, _CLEAR_FIELDS, at)
+        entries.append(_function(entry, at, where, image_optional=True))
+    return tuple(entries)
+
+
+def _function(fields: Mapping[str, object], what: str, where: str, *,
+              image_optional: bool = False) -> FunctionSpec:
     given = [name for name in FUNCTION_FIELDS if name in fields]
     if len(given) != 1:
         names = " or ".join(FUNCTION_FIELDS)
@@ -127,18 +199,28 @@ def _function(fields: Mapping[str, object], what: str, where: str) -> FunctionSp
         if not _AGFI.match(function_id):
             raise ValueError(f"{what}: agfiID {value[:60]!r} is not an AGFI ID "
                              "(agfi- and 17 hex digits)")
-        if "image" in fields:
-            raise ValueError(f"{what}: image is not used with agfiID: an AWS slot is loaded "
-                             "by its AGFI ID")
+        for unused in ("image", DIGEST_FIELD):
+            if unused in fields:
+                raise ValueError(f"{what}: {unused} is not used with agfiID: an AWS slot is "
+                                 "loaded by its AGFI ID")
         return FunctionSpec(family, name, function_id, None, where)
     normalised = sysfs_id(value)
     if normalised is None:
         raise ValueError(f"{what}: {name} {value[:60]!r} is not a 128-bit ID (32 hex digits "
                          "or a dashed UUID)")
+    digest = None
+    if DIGEST_FIELD in fields:
+        try:
+            digest = normalise_sha256(fields[DIGEST_FIELD])
+        except ValueError as exc:
+            raise ValueError(f"{what}: {exc}") from None
     if "image" not in fields:
+        if image_optional:
+            return FunctionSpec(family, name, normalised, None, where, sha256=digest)
         raise ValueError(f"{what}: image is required with {name}: the file of the node's "
                          "image library that holds the function")
-    return FunctionSpec(family, name, normalised, _image_name(fields["image"], what), where)
+    return FunctionSpec(family, name, normalised, _image_name(fields["image"], what), where,
+                        sha256=digest)
 
 
 def _image_name(value: object, what: str) -> str:
@@ -165,42 +247,106 @@ def _no_unknown(fields: Mapping[object, object], known: Sequence[str], what: str
                      f"{', '.join(hints)}; known: {', '.join(known)}")
 
 
+class FunctionRefused(ValueError):
+    """A claim names a function of its own that its request's DeviceClass does not let it
+    choose: the admin's catalogue says no. Carries what the audit records."""
+
+    def __init__(self, message: str, request: str, device_class: str,
+                 spec: FunctionSpec) -> None:
+        super().__init__(message)
+        self.request = request
+        self.device_class = device_class
+        self.spec = spec
+
+
+@dataclass(frozen=True)
+class _Entry:
+    requests: tuple[str, ...]
+    from_class: bool
+    parsed: ParsedConfig
+
+    def applies_to(self, request: str) -> bool:
+        return not self.requests or request in self.requests or \
+            request.split("/", 1)[0] in self.requests
+
+
 @dataclass(frozen=True)
 class ClaimFunctions:
-    """The functions one claim's configurations name: (requests it applies to, empty for
-    every request; whether a DeviceClass gave it; the function), in the server's order."""
+    """The functions one claim's configurations name, in the server's order, and the
+    DeviceClass of each request (``<r>`` or ``<r>/<s>`` -> class name), to name it."""
 
-    specs: tuple[tuple[tuple[str, ...], bool, FunctionSpec], ...]
+    entries: tuple[_Entry, ...]
+    classes: tuple[tuple[str, str], ...] = ()
 
     def function_for(self, request: str) -> FunctionSpec | None:
         """The last configuration that applies to result ``request`` (``<r>`` or
         ``<r>/<s>``); what it clears to on unprepare is always the last DeviceClass's that
-        applies: a claim naming its own function does not drop the admin's clear."""
-        found = clear = None
-        for requests, from_class, spec in self.specs:
-            if requests and request not in requests and \
-                    request.split("/", 1)[0] not in requests:
+        applies: a claim naming its own function does not drop the admin's clear. A claim's
+        own function must be one its class allows (:class:`FunctionRefused`)."""
+        found: _Entry | None = None
+        clear = None
+        for entry in self.entries:
+            if not entry.applies_to(request) or entry.parsed.spec is None:
                 continue
-            found = spec
-            if from_class:
-                clear = spec.clear
+            found = entry
+            if entry.from_class:
+                clear = entry.parsed.spec.clear
         if found is None:
             return None
-        if clear is not None and clear.family == found.family and found.clear != clear:
-            found = replace(found, clear=clear)
-        return found
+        spec = found.parsed.spec
+        assert spec is not None
+        if not found.from_class:
+            spec = self._allowed(request, spec)
+        if clear is not None and clear.family == spec.family and spec.clear != clear:
+            spec = replace(spec, clear=clear)
+        return spec
+
+    def _allowed(self, request: str, spec: FunctionSpec) -> FunctionSpec:
+        """``spec`` (a claim's own) as its class pins it, or FunctionRefused."""
+        offered: list[FunctionSpec] = []
+        for entry in self.entries:
+            if entry.from_class and entry.applies_to(request):
+                if entry.parsed.spec is not None:
+                    offered.append(entry.parsed.spec)
+                offered.extend(entry.parsed.allowed)
+        for choice in offered:
+            if not choice.same_function(spec):
+                continue
+            if choice.image is not None and choice.image != spec.image:
+                continue
+            if choice.sha256 is not None and spec.sha256 not in (None, choice.sha256):
+                continue
+            return replace(spec, sha256=spec.sha256 or choice.sha256)
+        device_class = self.class_of(request)
+        choices = ", ".join(_choice(c) for c in offered[:8]) or "none"
+        raise FunctionRefused(
+            f"{spec.where}: DeviceClass {device_class!r} does not let claims choose "
+            f"{spec.shown()}{f' from image {spec.image}' if spec.image else ''} (field "
+            f"{spec.field}); the class allows: {choices}. An admin lists what its claims may "
+            f"choose in its FpgaFunction's {ALLOWED_FIELD}", request, device_class, spec)
+
+    def class_of(self, request: str) -> str:
+        """The DeviceClass of result ``request``, as the claim's spec names it."""
+        classes = dict(self.classes)
+        return classes.get(request) or classes.get(request.split("/", 1)[0]) or "(unknown)"
+
+
+def _choice(spec: FunctionSpec) -> str:
+    pinned = [f"image {spec.image}"] if spec.image else []
+    pinned += [f"sha256 {spec.sha256[:12]}..."] if spec.sha256 else []
+    return spec.shown() + (f" ({', '.join(pinned)})" if pinned else "")
 
 
 NO_FUNCTIONS = ClaimFunctions(())
 
 
-def functions_of(driver: str, configs: Sequence[tuple[str, tuple[str, ...], object]]
-                 ) -> ClaimFunctions:
+def functions_of(driver: str, configs: Sequence[tuple[str, tuple[str, ...], object]],
+                 classes: Mapping[str, str] | None = None) -> ClaimFunctions:
     """Every configuration of ``driver`` as (source, requests, parameters), in the server's
     order, parsed; ValueError for the first that is not well-formed (a claim is refused
     whole: preparing some of its devices with a function and others without would be
-    worse than an error the user can read)."""
-    specs = []
+    worse than an error the user can read). ``classes``: request -> its DeviceClass."""
+    entries = []
     counts: dict[str, int] = {}
     for source, requests, parameters in configs:
         index = counts.get(source, 0)
@@ -208,9 +354,11 @@ def functions_of(driver: str, configs: Sequence[tuple[str, tuple[str, ...], obje
         owner = "DeviceClass" if source == "FromClass" else "claim"
         where = f"{owner} configuration {index} for {_requests(requests)}"
         from_class = source == "FromClass"
-        specs.append((requests, from_class, parse_function(driver, parameters, where,
-                                                           from_class=from_class)))
-    return ClaimFunctions(tuple(specs)) if specs else NO_FUNCTIONS
+        entries.append(_Entry(requests, from_class,
+                              parse_config(driver, parameters, where, from_class)))
+    if not entries:
+        return NO_FUNCTIONS
+    return ClaimFunctions(tuple(entries), tuple(sorted((classes or {}).items())))
 
 
 def _requests(requests: tuple[str, ...]) -> str:
