@@ -92,9 +92,10 @@ def parse_claim(version: str, obj: Mapping[str, Any]) -> ClaimAllocation:
         return ClaimAllocation(ref=ref, allocated=False)
     devices = reader.optional(allocation.get("devices"), "status.allocation.devices")
     configs = _configs(reader, devices)
+    extra = {"classes": request_classes(obj), "reserved_for": reserved_pods(status)}
     entries = devices.get("results") if devices is not None else None
     if entries is None:
-        return ClaimAllocation(ref=ref, allocated=True, configs=configs)
+        return ClaimAllocation(ref=ref, allocated=True, configs=configs, **extra)
     if not isinstance(entries, list):
         raise reader.fail("status.allocation.devices.results", "expected a list")
     results = []
@@ -107,7 +108,44 @@ def parse_claim(version: str, obj: Mapping[str, Any]) -> ClaimAllocation:
             raise reader.fail(f"{path}.request", f"{values['request']!r} is neither "
                               "<request> nor <request>/<subrequest>")
         results.append(AllocationResult(**values))
-    return ClaimAllocation(ref=ref, allocated=True, results=tuple(results), configs=configs)
+    return ClaimAllocation(ref=ref, allocated=True, results=tuple(results), configs=configs,
+                           **extra)
+
+
+def request_classes(obj: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """(request or ``<request>/<subrequest>``, its DeviceClass) from the claim's spec.
+
+    v1 and v1beta2 spell a request's class ``exactly.deviceClassName``, v1beta1
+    ``deviceClassName`` on the request itself; every version lists ``firstAvailable[]``
+    subrequests with their own ``deviceClassName`` (k8s.io/api ``resource/*/types.go``). The
+    spec is immutable and the API server validated it; what is not there is left out, since
+    only messages read it."""
+    spec = obj.get("spec")
+    devices = spec.get("devices") if isinstance(spec, Mapping) else None
+    requests = devices.get("requests") if isinstance(devices, Mapping) else None
+    found: list[tuple[str, str]] = []
+    for request in requests if isinstance(requests, list) else ():
+        if not isinstance(request, Mapping) or not isinstance(request.get("name"), str):
+            continue
+        name = request["name"]
+        exactly = request.get("exactly")
+        spelt = exactly.get("deviceClassName") if isinstance(exactly, Mapping) \
+            else request.get("deviceClassName")
+        if isinstance(spelt, str) and spelt:
+            found.append((name, spelt))
+        for sub in request.get("firstAvailable") or ():
+            if isinstance(sub, Mapping) and isinstance(sub.get("name"), str) and \
+                    isinstance(sub.get("deviceClassName"), str):
+                found.append((f"{name}/{sub['name']}", sub["deviceClassName"]))
+    return tuple(found)
+
+
+def reserved_pods(status: Mapping[str, Any]) -> tuple[str, ...]:
+    """The names of the pods ``status.reservedFor[]`` lists (resource ``pods``, core group)."""
+    entries = status.get("reservedFor")
+    return tuple(entry["name"] for entry in (entries if isinstance(entries, list) else ())
+                 if isinstance(entry, Mapping) and entry.get("resource") == "pods"
+                 and not entry.get("apiGroup") and isinstance(entry.get("name"), str))
 
 
 def _configs(reader: _Reader, devices: Mapping[str, Any] | None) -> tuple[DeviceConfig, ...]:

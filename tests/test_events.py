@@ -254,7 +254,7 @@ async def test_an_unavailable_server_is_retried_with_back_off_then_given_up(send
 async def test_record_never_waits_and_the_queue_is_bounded(sender, caplog):
     recorder, sink, clock, _ = sender
     sink.hang = True
-    recorder.correlator._allowed = lambda now: True  # type: ignore[method-assign]
+    recorder.correlator._allowed = lambda now, regarding: True  # type: ignore[method-assign]
     with caplog.at_level(logging.WARNING, logger="plugin.process.events"):
         for n in range(events.QUEUE_LIMIT + 50):
             clock.now += 1

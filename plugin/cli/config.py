@@ -100,6 +100,8 @@ class Settings:
     devices with a loader on this node are published (and shown) programmable."""
     image_library: Path = DEFAULT_IMAGE_LIBRARY
     image_max_bytes: int = DEFAULT_MAX_IMAGE_BYTES
+    require_image_digest: bool = False
+    """A function loaded from an image must pin its bytes (``sha256``)."""
     intel_loader: str = "ioctl"
     fpgaconf: Path = Path("/usr/bin/fpgaconf")
     xbutil: Path = Path("/opt/xilinx/xrt/bin/xbutil")
@@ -321,6 +323,9 @@ def _add_programming_flag(parser: OneLineParser) -> None:
                  "outside it is ever read")
     env.add("--image-max-bytes", default=DEFAULT_MAX_IMAGE_BYTES, convert=_byte_count,
             help="largest image file accepted")
+    env.add("--require-image-digest", default=False, convert=_bool, nargs="?", const=True,
+            help="refuse any function loaded from an image whose configuration does not pin "
+                 "its content with sha256")
     env.add("--intel-loader", default="ioctl", choices=INTEL_LOADERS,
             help="how Intel ports are programmed: ioctl (the FME's port-PR ioctl, no tool "
                  "needed) or fpgaconf (OPAE's tool, at --fpgaconf)")

@@ -109,6 +109,7 @@ class Daemon:
                                 held=events.held if events else None,
                                 rescan=self._rescan, quarantine=self.quarantine,
                                 programmed=events.programmed if events else None,
+                                claim_told=events.about_claim if events else None,
                                 loaders=self.loaders) \
             if dra and self._cdi is not None else None
 

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from plugin.programming.programmer import Told
     from plugin.programming.quarantine import Quarantine
     from plugin.serving.dra.driver import DraDriver
+    from plugin.serving.dra.function_audit import ClaimTold
     from plugin.serving.dra.node_labels import NodeLabelWatch
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,7 @@ class DraSide:
                  rescan: Callable[[str], None] = lambda reason: None,
                  quarantine: Quarantine | None = None,
                  programmed: Told | None = None,
+                 claim_told: ClaimTold | None = None,
                  loaders: Mapping[str, Loader] | None = None) -> None:
         self.settings = settings
         self._rescan = rescan
@@ -90,6 +92,8 @@ class DraSide:
         self.quarantine = quarantine
         self._programmed = programmed
         """Told of each load (Events)."""
+        self._claim_told = claim_told
+        """Told the audit of each function a claim named (Events regarding the claim)."""
         self._loaders = loaders
         """Replaces the loaders the flags choose (in-process tests, the demo)."""
         self._moved = moved
@@ -162,7 +166,8 @@ class DraSide:
                                     lambda: feed.current, self._rescan, self._programmed,
                                     self._loaders)
         self.driver = DraDriver(place, feed, self.cdi_ids, resources=lambda: self._resources,
-                                say_held=self._held, programmer=programmer)
+                                say_held=self._held, programmer=programmer,
+                                claim_told=self._claim_told)
         self._watch_label(settings.node_name)
         if settings.api == "dra":
             self._task = asyncio.create_task(

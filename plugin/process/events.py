@@ -74,22 +74,27 @@ WARNING = "Warning"
 
 
 @dataclass(frozen=True)
+class Regarding:
+    """The object the Events are about (``regarding``): the recorder's own, cluster-scoped
+    (a Node), or one an occurrence names (a ResourceClaim: namespaced, with its UID)."""
+
+    kind: str
+    name: str
+    api_version: str = "v1"
+    namespace: str = ""
+    uid: str = ""
+
+
+@dataclass(frozen=True)
 class Occurrence:
-    """Something that happened to the object, as the code that saw it says it."""
+    """Something that happened to the object, as the code that saw it says it;
+    ``regarding``, when given, is the object it is about instead of the recorder's own."""
 
     type: str
     reason: str
     action: str
     note: str
-
-
-@dataclass(frozen=True)
-class Regarding:
-    """The object the Events are about (``regarding``); cluster-scoped (a Node)."""
-
-    kind: str
-    name: str
-    api_version: str = "v1"
+    regarding: Regarding | None = None
 
 
 class SinkFailure(Exception):
@@ -213,7 +218,7 @@ class Correlator:
             series.last = now
             write = Write(series.event, {"count": series.count,
                                          "lastObservedTime": micro_time(now)})
-        if not self._allowed(now):
+        if not self._allowed(now, occurrence.regarding or self.regarding):
             self.filtered += 1
             return None
         series.reported = series.count
@@ -239,7 +244,8 @@ class Correlator:
         """The occurrence as it is to be recorded, and its series key: its own, or that of
         its type, reason and action once those come with too many different notes (the
         combined Event keeps the note it was made with: a note cannot be changed)."""
-        key = (occurrence.type, occurrence.reason, occurrence.action)
+        key = (occurrence.type, occurrence.reason, occurrence.action,
+               occurrence.regarding or self.regarding)
         similar = self._similar.find(key)
         if similar is None or now - similar.last > AGGREGATE_INTERVAL:
             similar = _Similar()
@@ -250,10 +256,11 @@ class Correlator:
             return occurrence, (*key, occurrence.note)
         similar.notes.discard(next(iter(similar.notes)))  # never more than the max
         return Occurrence(occurrence.type, occurrence.reason, occurrence.action,
-                          "(combined from similar events): " + occurrence.note), (*key, "")
+                          "(combined from similar events): " + occurrence.note,
+                          occurrence.regarding), (*key, "")
 
-    def _allowed(self, now: float) -> bool:
-        key = (self.controller, self.instance, self.regarding)
+    def _allowed(self, now: float, regarding: Regarding) -> bool:
+        key = (self.controller, self.instance, regarding)
         bucket = self._buckets.find(key)
         if bucket is None:
             bucket = TokenBucket(SPAM_BURST, SPAM_REFILL, now)
@@ -267,19 +274,24 @@ class Correlator:
         return self._last_stamp
 
     def _event(self, occurrence: Occurrence, now: float) -> dict[str, Any]:
-        regarding = self.regarding
+        regarding = occurrence.regarding or self.regarding
+        reference = {"apiVersion": regarding.api_version, "kind": regarding.kind,
+                     "name": regarding.name}
+        if regarding.namespace:
+            reference["namespace"] = regarding.namespace
+        if regarding.uid:
+            reference["uid"] = regarding.uid
         return {
             "apiVersion": "events.k8s.io/v1",
             "kind": "Event",
             "metadata": {"name": event_name(regarding.name, self._stamp(now)),
-                         "namespace": NAMESPACE},
+                         "namespace": regarding.namespace or NAMESPACE},
             "eventTime": micro_time(now),
             "type": occurrence.type,
             "reason": occurrence.reason[:SHORT_LIMIT],
             "action": occurrence.action[:SHORT_LIMIT],
             "note": cut_note(occurrence.note),
-            "regarding": {"apiVersion": regarding.api_version, "kind": regarding.kind,
-                          "name": regarding.name},
+            "regarding": reference,
             "reportingController": self.controller,
             "reportingInstance": self.instance,
         }

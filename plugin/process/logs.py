@@ -45,6 +45,9 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        audit = getattr(record, "audit", None)
+        if isinstance(audit, dict):
+            entry["audit"] = audit  # plugin.serving.dra.function_audit: fields to index
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry, ensure_ascii=False).translate(_JSON_ESCAPES)

@@ -22,6 +22,12 @@ reason                    type     when
                                    tool's message
 ========================  =======  ================================================
 
+And regarding a ResourceClaim, in its namespace (``kubectl describe resourceclaim``), the
+audit of each function its configuration named (:mod:`plugin.serving.dra.function_audit`):
+``FunctionLoaded`` (Normal), ``FunctionNotAllowed``, ``ImageDigestMismatch``,
+``FunctionLoadRefused`` and ``FunctionLoadFailed`` (Warning), each naming the claim's pods,
+the class, the function, the image and its digest, the node and the device.
+
 The recording itself (aggregation, rate limit, the queue that never blocks) is
 :mod:`plugin.process.events`. This module is imported only when Events are on, and the
 client (plugin/serving/events_api.py, on lightkube) only at the first Event to write: a node
@@ -64,6 +70,7 @@ LOAD_FAILED = "FunctionLoadFailed"
 HEALTH_ACTION = "CheckHealth"
 API_ACTION = "ChooseServingAPI"
 PROGRAM_ACTION = "LoadFunction"
+CLAIM_API_VERSION = "resource.k8s.io/v1"
 
 
 def health_changes(previous: DeviceSet | None, groups: Mapping[str, DeviceSet]
@@ -167,6 +174,12 @@ class NodeEvents:
 
     def held(self, message: str) -> None:
         self.recorder.record(devices_held(message))
+
+    def about_claim(self, namespace: str, name: str, uid: str, kind: str, reason: str,
+                    note: str) -> None:
+        """An Event regarding ResourceClaim ``namespace/name`` (the audit of a load)."""
+        self.recorder.record(Occurrence(kind, reason, PROGRAM_ACTION, note, Regarding(
+            "ResourceClaim", name, CLAIM_API_VERSION, namespace, uid)))
 
     def programmed(self, device_id: str, claim: str, kind: str, message: str) -> None:
         """A load onto ``device_id`` for ``claim`` (``kind``: FunctionLoaded or

@@ -6,14 +6,23 @@ succeed here only to fail on the next node that has to load it. So the header is
 once per file version and remembered by the file's identity (device, inode, size, mtime, ctime):
 the check on a claim is then a ``stat``, not a parse, and an image replaced in the library
 (a new inode, or new contents) is read again.
+
+A configuration's ``sha256`` is checked the same way: the file is hashed once per version
+(on a worker thread: a 400 MiB image takes a second or two) and the digest remembered beside
+the header, so the fast path stays one ``stat``. The digest is taken through the library's
+own open, and the version it is remembered under is the opened file's, so a file swapped
+while it was being hashed is never remembered under the new version's name. This is the
+driver's early answer; what reaches the card is hashed again, byte for byte, by the loader.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 from dataclasses import dataclass
 
 from plugin.model.devices import Device
+from plugin.programming.digest import mismatch, sha256_of_fd
 from plugin.programming.function_config import FunctionSpec
 from plugin.programming.gbs import GbsImage
 from plugin.programming.ids import dashed, sysfs_id
@@ -34,12 +43,62 @@ class _Identity:
     """Changed by any write, even one that puts the old modification time back."""
 
 
+class DigestMismatch(ValueError):
+    """An image's bytes are not the ones its configuration pins."""
+
+    def __init__(self, image: str, expected: str, actual: str) -> None:
+        super().__init__(mismatch(image, expected, actual))
+        self.image = image
+        self.expected = expected
+        self.actual = actual
+
+
 class ImageChecks:
-    """Image headers of one library, read once per file version."""
+    """Image headers and digests of one library, read once per file version."""
 
     def __init__(self, library: ImageLibrary) -> None:
         self.library = library
         self._headers: dict[tuple[str, str], tuple[_Identity, Header]] = {}
+        self._digests: dict[str, tuple[_Identity, str]] = {}
+        self.hashed = 0
+        """Files hashed so far (the cache's misses), for tests and the bench."""
+
+    async def digest(self, name: str) -> str:
+        """The sha256 of image ``name`` as the library holds it now: one ``stat`` when the
+        file has not changed since it was last hashed."""
+        try:
+            info = os.stat(self.library.root / name)
+        except OSError:
+            info = None
+        known = self._digests.get(name)
+        if info is not None and known is not None and known[0] == _identity(info):
+            return known[1]
+        identity, digest = await asyncio.to_thread(self._hash, name)
+        if len(self._digests) >= MAX_REMEMBERED:
+            self._digests.pop(next(iter(self._digests)))
+        self._digests[name] = (identity, digest)
+        return digest
+
+    def _hash(self, name: str) -> tuple[_Identity, str]:
+        with self.library.open(name) as (stream, _size):
+            fd = stream.fileno()
+            before = os.fstat(fd)
+            digest = sha256_of_fd(fd)
+            after = os.fstat(fd)
+        self.hashed += 1
+        if _identity(before) != _identity(after):
+            raise ValueError(f"image {name!r} changed while it was being hashed")
+        return _identity(after), digest
+
+    async def check_digest(self, spec: FunctionSpec) -> str | None:
+        """The image's digest (None for a function with no image), DigestMismatch when the
+        configuration pins another one."""
+        if spec.image is None:
+            return None
+        actual = await self.digest(spec.image)
+        if spec.sha256 is not None and actual != spec.sha256:
+            raise DigestMismatch(spec.image, spec.sha256, actual)
+        return actual
 
     def check(self, spec: FunctionSpec, device: Device) -> None:
         """ValueError naming the image and the problem unless ``spec``'s image holds its

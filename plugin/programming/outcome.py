@@ -29,6 +29,8 @@ class Outcome:
     result: str
     loader: str = ""
     seconds: float = 0.0
+    sha256: str | None = None
+    """The digest of the bytes loaded (LOADED from an image), which the loader checked."""
 
     def message(self) -> str:
         if self.result == SKIPPED:
@@ -37,14 +39,29 @@ class Outcome:
 
 
 def outcome_to_json(outcome: Outcome) -> dict[str, Any]:
-    return asdict(outcome)
+    """What the checkpoint records; a digest only where there is one, so a record without
+    one reads the same to a release that knows no digests (0.2.0)."""
+    return _without_empty_digests(asdict(outcome))
+
+
+def _without_empty_digests(entry: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for key, value in entry.items():
+        if key == "sha256" and value is None:
+            continue
+        out[key] = _without_empty_digests(value) if isinstance(value, dict) else value
+    return out
+
+
+_SPEC_FIELDS = frozenset(FunctionSpec.__dataclass_fields__)
 
 
 def _spec(entry: object) -> FunctionSpec:
     if not isinstance(entry, dict):
         raise ValueError(f"not a function: {entry!r}")
     clear = entry.get("clear")
-    return FunctionSpec(**{**entry, "clear": _spec(clear) if clear else None})
+    known = {k: v for k, v in entry.items() if k in _SPEC_FIELDS}
+    return FunctionSpec(**{**known, "clear": _spec(clear) if clear else None})
 
 
 def outcome_from_json(entry: object) -> Outcome:

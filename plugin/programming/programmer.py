@@ -36,9 +36,10 @@ from collections.abc import Callable, Iterable, Mapping
 from plugin.model.devices import Device, DeviceSet
 from plugin.model.programming import OFF
 from plugin.process import metrics
+from plugin.programming.digest import DIGEST_STEP
 from plugin.programming.function_config import FunctionSpec
 from plugin.programming.ids import dashed
-from plugin.programming.image_checks import ImageChecks, held_function
+from plugin.programming.image_checks import DigestMismatch, ImageChecks, held_function
 from plugin.programming.loaders.base import Loader, LoadFailed, LoadJob
 from plugin.programming.outcome import LOADED, SKIPPED, Outcome
 from plugin.programming.quarantine import Quarantine
@@ -51,6 +52,9 @@ REPORT_GRACE = 5.0
 the load itself took nearly all of the timeout (a rescan must land first)."""
 FAILED = "failed"
 REFUSED = "refused"
+DIGEST_MISMATCH = "digest_mismatch"
+"""An image whose bytes are not the ones its configuration pins: refused, never loaded, and
+the device not quarantined (the card was not touched)."""
 
 
 def unavailable(device: Device, enabled: bool, loaders: Mapping[str, Loader]) -> str | None:
@@ -65,7 +69,17 @@ def unavailable(device: Device, enabled: bool, loaders: Mapping[str, Loader]) ->
 
 
 class ProgrammingRefused(Exception):
-    """The device cannot be given the function for this claim; the message says why."""
+    """The device cannot be given the function for this claim; the message says why.
+
+    ``result`` is what the audit and the metric call it (:data:`REFUSED`, :data:`FAILED`,
+    :data:`DIGEST_MISMATCH`); ``sha256`` the image's digest where it was taken."""
+
+    def __init__(self, message: str, *, result: str = REFUSED, device_id: str = "",
+                 sha256: str | None = None) -> None:
+        super().__init__(message)
+        self.result = result
+        self.device_id = device_id
+        self.sha256 = sha256
 
 
 Told = Callable[[str, str, str, str], None]
@@ -80,8 +94,10 @@ class Programmer:
                  checks: ImageChecks | None, quarantine: Quarantine,
                  devices: Callable[[], DeviceSet], rescan: Callable[[str], None],
                  driver: str, timeout: float = DEFAULT_TIMEOUT,
-                 told: Told | None = None) -> None:
+                 told: Told | None = None, require_digest: bool = False) -> None:
         self.enabled = enabled
+        self.require_digest = require_digest
+        """``--require-image-digest``: a function from an image must pin its sha256."""
         self.loaders = dict(loaders)
         self.checks = checks
         self.quarantine = quarantine
@@ -204,6 +220,7 @@ class Programmer:
         """Whether ``device`` must be loaded to hold ``spec``; :class:`ProgrammingRefused`
         for what no load could mend (a wrong image, a device that cannot be programmed)."""
         self._check_image(device, spec)
+        await self._check_digest(device, spec)
         held = await self._held(device)
         if held == spec.function_id:
             return False
@@ -273,17 +290,32 @@ class Programmer:
     async def _load(self, claim: str, device: Device, spec: FunctionSpec, loader: Loader,
                     began: float) -> Outcome:
         deadline = began + self.timeout
+        # The bytes to load are hashed here (cached per file version) even when no digest is
+        # pinned, and the loader must load bytes with that digest: what the audit records is
+        # what reached the card.
+        digest = await self._check_digest(device, spec)
+        if digest is None and spec.image is not None and self.checks is not None:
+            try:
+                digest = await self.checks.digest(spec.image)
+            except ValueError as exc:
+                raise self._refuse(device, spec, str(exc)) from None
         log.info("claim %s: loading %s onto %s with %s", claim, spec.shown(), device.id,
                  loader.name)
         job = LoadJob(device, spec.function_id, self.checks.library if self.checks else None,
-                      spec.image, timeout=max(deadline - time.monotonic(), 0.1))
+                      spec.image, timeout=max(deadline - time.monotonic(), 0.1),
+                      sha256=digest)
         try:
             await loader.load(job)
         except LoadFailed as failure:
+            if failure.step == DIGEST_STEP and not failure.touched:
+                # The file changed between the check and the load: refused, untouched.
+                raise self._refuse(device, spec, failure.detail, result=DIGEST_MISMATCH,
+                                   sha256=digest) from None
             self._failed(claim, device, spec, loader, failure.step, failure.detail,
                          failure.touched)
             raise ProgrammingRefused(f"loading {spec.shown()} onto {device.id} failed at "
-                                     f"{failure.step}: {failure.detail}") from None
+                                     f"{failure.step}: {failure.detail}", result=FAILED,
+                                     device_id=device.id, sha256=digest) from None
         except BaseException:
             # Cut off all the same (the process stopping without waiting): what the card
             # holds now is not known.
@@ -299,10 +331,11 @@ class Programmer:
                       f"(it reports {_shown_id(spec, reported)})")
             self._failed(claim, device, spec, loader, "waiting for the new function", detail,
                          True)
-            raise ProgrammingRefused(f"loading {spec.shown()} onto {device.id}: {detail}")
+            raise ProgrammingRefused(f"loading {spec.shown()} onto {device.id}: {detail}",
+                                     result=FAILED, device_id=device.id, sha256=digest)
         seconds = time.monotonic() - began
         self.quarantine.clear(device.id)
-        outcome = Outcome(device.id, spec, LOADED, loader.name, seconds)
+        outcome = Outcome(device.id, spec, LOADED, loader.name, seconds, digest)
         metrics.dra_programming(self.driver, device.backend, loader.name, LOADED, seconds)
         log.info("claim %s: %s", claim, outcome.message())
         if self._told is not None:
@@ -370,10 +403,32 @@ class Programmer:
             raise self._refuse(device, spec, "no image library is configured "
                                "(--image-library)")
 
-    def _refuse(self, device: Device, spec: FunctionSpec, why: str) -> ProgrammingRefused:
-        metrics.dra_programming(self.driver, device.backend, "", REFUSED, 0.0)
+    async def _check_digest(self, device: Device, spec: FunctionSpec) -> str | None:
+        """The image's digest where one is pinned (cached per file version: one ``stat``
+        on the fast path); refused when it is not the pinned one, or when this node
+        requires a pin and the configuration has none."""
+        if spec.image is None or self.checks is None:
+            return None
+        if spec.sha256 is None:
+            if self.require_digest:
+                raise self._refuse(device, spec, f"its configuration does not pin image "
+                                   f"{spec.image} with sha256, and this node requires one "
+                                   "(--require-image-digest)")
+            return None
+        try:
+            return await self.checks.check_digest(spec)
+        except DigestMismatch as exc:
+            raise self._refuse(device, spec, str(exc), result=DIGEST_MISMATCH,
+                               sha256=exc.actual) from None
+        except ValueError as exc:
+            raise self._refuse(device, spec, str(exc)) from None
+
+    def _refuse(self, device: Device, spec: FunctionSpec, why: str, *,
+                result: str = REFUSED, sha256: str | None = None) -> ProgrammingRefused:
+        metrics.dra_programming(self.driver, device.backend, "", result, 0.0)
         return ProgrammingRefused(f"device {device.id} cannot be given {spec.shown()} "
-                                  f"({spec.where}): {why}")
+                                  f"({spec.where}): {why}", result=result,
+                                  device_id=device.id, sha256=sha256)
 
     def _failed(self, claim: str, device: Device, spec: FunctionSpec, loader: Loader,
                 step: str, detail: str, touched: bool) -> None:

@@ -49,7 +49,8 @@ def programmer_for(settings: Settings, quarantine: Quarantine,
     checks = ImageChecks(ImageLibrary(Path(settings.image_library), settings.image_max_bytes))
     return Programmer(enabled=enabled, loaders=chosen, checks=checks, quarantine=quarantine,
                       devices=devices, rescan=rescan, driver=settings.dra_driver_name,
-                      timeout=settings.program_timeout, told=told)
+                      timeout=settings.program_timeout, told=told,
+                      require_digest=settings.require_image_digest)
 
 
 async def functions_only_tools_tell(settings: Settings, devices: Iterable[Device]

@@ -45,6 +45,7 @@ from plugin.serving.dra.prepared import PreparedClaim, PreparedDevice, describe
 
 if TYPE_CHECKING:
     from plugin.programming.outcome import Outcome
+    from plugin.serving.dra.function_audit import FunctionAudit
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +107,8 @@ class _Claim:
     transitions: dict[str, tuple[str, str]] = field(default_factory=dict)
     """Device name -> (Ready status, since): when the status last changed."""
     task: asyncio.Task[None] | None = None
+    refusal: tuple[FunctionAudit, ...] | None = None
+    """Set for a claim refused for its function: written once, not followed."""
 
 
 class ClaimStatusReporter:
@@ -142,10 +145,26 @@ class ClaimStatusReporter:
             if not claim.devices:
                 continue
             known = self._claims.get(claim.ref.uid)
-            if known is None:
+            if known is None or known.refusal is not None:
                 known = self._claims[claim.ref.uid] = _Claim(claim)
             known.claim = claim
             self._want(known)
+
+    def refused(self, ref: ClaimRef, audits: Iterable[FunctionAudit]) -> None:
+        """A claim refused for the function its configuration names: each device's entry
+        says why (``kubectl describe resourceclaim``), written once and then left; the
+        kubelet's next call prepares it, or the claim is deallocated and the API server
+        drops the entries."""
+        records = tuple(audits)
+        if not records or (ref.uid in self._claims and self._claims[ref.uid].refusal is None):
+            return
+        devices = tuple(PreparedDevice(*a.device.split("/", 1), a.device_id, (), ())
+                        for a in records)
+        previous = self._claims.get(ref.uid)
+        known = self._claims[ref.uid] = _Claim(PreparedClaim(ref, devices), refusal=records)
+        if previous is not None and previous.task is not None:
+            previous.task.cancel()
+        self._want(known)
 
     def follow(self, claims: Iterable[PreparedClaim]) -> None:
         """Claims prepared before this process started (from its checkpoint): written once
@@ -207,6 +226,9 @@ class ClaimStatusReporter:
                 delay = min(delay * 2, self._backoff_max)
         finally:
             known.task = None
+            if known.refusal is not None and not known.wanted and \
+                    self._claims.get(known.claim.ref.uid) is known:
+                del self._claims[known.claim.ref.uid]  # said once; not followed
 
     async def _attempt(self, known: _Claim, reports: tuple[DeviceStatusReport, ...]
                        ) -> float | None:
@@ -260,6 +282,8 @@ class ClaimStatusReporter:
     # -- what is written ---------------------------------------------------------------------
 
     def _reports(self, known: _Claim, peek: bool = False) -> tuple[DeviceStatusReport, ...]:
+        if known.refusal is not None:
+            return refusal_reports(self.driver, known.refusal, rfc3339(self._clock()))
         devices = self._devices()
         now = rfc3339(self._clock())
         reports = []
@@ -295,5 +319,35 @@ def function_data(outcome: Outcome) -> dict[str, Any]:
     data: dict[str, Any] = {"function": f"{outcome.spec.field} {outcome.spec.function_id}"}
     if outcome.spec.image:
         data["functionImage"] = outcome.spec.image
+    digest = outcome.sha256 or outcome.spec.sha256
+    if digest:
+        data["functionImageSHA256"] = digest
     data["functionLoaded"] = outcome.message()
     return data
+
+
+def refusal_reports(driver: str, audits: tuple[FunctionAudit, ...], now: str
+                    ) -> tuple[DeviceStatusReport, ...]:
+    """The entries of a claim refused for its function: not prepared, and why."""
+    from plugin.serving.dra.function_audit import CONDITION_REASONS
+
+    reports = []
+    for audit in audits:
+        pool, device = audit.device.split("/", 1)
+        data: dict[str, Any] = {"deviceID": audit.device_id, "function": audit.function,
+                                "functionOutcome": audit.outcome,
+                                "functionRefused": audit.detail[:2048]}
+        if audit.image:
+            data["functionImage"] = audit.image
+        if audit.sha256:
+            data["functionImageSHA256"] = audit.sha256
+        if audit.device_class:
+            data["deviceClass"] = audit.device_class
+        conditions = (
+            DeviceCondition(READY, "False", "NotPrepared", "the claim was refused for the "
+                            "function its configuration names; nothing was loaded", now),
+            DeviceCondition(FUNCTION_LOADED, "False",
+                            CONDITION_REASONS.get(audit.outcome, "Refused"),
+                            audit.detail[:4096], now))
+        reports.append(DeviceStatusReport(driver, pool, device, _frozen(data), conditions))
+    return tuple(reports)

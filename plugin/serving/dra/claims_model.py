@@ -61,6 +61,11 @@ class ClaimAllocation:
     configs: tuple[DeviceConfig, ...] = ()
     """In the server's order: every DeviceClass's first, then the claim's, so a later entry
     overrides an earlier one for the same request."""
+    classes: tuple[tuple[str, str], ...] = ()
+    """(request or ``<request>/<subrequest>``, the DeviceClass its spec names): which class's
+    catalogue a claim's own configuration answers to, and whom a refusal names."""
+    reserved_for: tuple[str, ...] = ()
+    """The pods ``status.reservedFor`` names (the consumers the audit records)."""
 
     def results_for(self, driver: str) -> tuple[AllocationResult, ...]:
         """The results this driver prepares; other drivers' devices are theirs."""

@@ -56,6 +56,7 @@ from plugin.serving.dra.checkpoint import ClaimCheckpoint
 from plugin.serving.dra.claim_cdi import ClaimSpecs, accelerator_env
 from plugin.serving.dra.claim_status import ClaimStatusReporter
 from plugin.serving.dra.claims_model import ClaimAllocation, ClaimRef, DeviceStatusReport
+from plugin.serving.dra.function_audit import Auditor, ClaimTold
 from plugin.serving.dra.health import HealthBroadcaster
 from plugin.serving.dra.inventory import Pool, pool_of
 from plugin.serving.dra.prepare import ClaimPreparer
@@ -127,8 +128,11 @@ class DraDriver:
                  cdi_ids: Callable[[str], list[str]], api: ApiServer | None = None, *,
                  resources: Callable[[], Iterable[str]] = tuple,
                  say_held: Callable[[str], None] | None = None,
-                 programmer: Programmer | None = None) -> None:
+                 programmer: Programmer | None = None,
+                 claim_told: ClaimTold | None = None) -> None:
         self.place = place
+        self._claim_told = claim_told
+        """Events regarding a claim: the audit of each function it named."""
         self.programmer = programmer
         """Loads the function a claim names (and says which devices can take one)."""
         self._resources = resources
@@ -217,7 +221,8 @@ class DraDriver:
                     place.cdi_dir, place.driver,
                     lambda ids: accelerator_env(ids, self.feed.current)),
                 on_prepared=self._status.prepared, on_unprepared=self._status.unprepared,
-                held=self._held_by, programmer=self.programmer)
+                held=self._held_by, programmer=self.programmer,
+                auditor=Auditor(self._claim_told), refused_in_status=self._status.refused)
             metrics.follow_dra_prepared_claims(place.driver, checkpoint.held)
             self._health = HealthBroadcaster(place.node, self.feed, self.device_names)
             self._follower = asyncio.create_task(self._follow_devices(),

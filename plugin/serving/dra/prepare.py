@@ -39,12 +39,12 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from plugin.model.allocation import name_some
 from plugin.process import metrics
-from plugin.programming.function_config import NO_FUNCTIONS, ClaimFunctions, functions_of
-from plugin.programming.outcome import Outcome
-from plugin.programming.programmer import Programmer, ProgrammingRefused
+from plugin.programming.programmer import Programmer
 from plugin.serving.dra.checkpoint import CheckpointError, ClaimCheckpoint
 from plugin.serving.dra.claim_cdi import ClaimSpecs
 from plugin.serving.dra.claims_model import AllocationResult, ClaimAllocation, ClaimRef
+from plugin.serving.dra.function_audit import Auditor
+from plugin.serving.dra.prepare_functions import FunctionStep, Refused, RefusedInStatus
 from plugin.serving.dra.prepared import (
     ClaimResult,
     PreparedClaim,
@@ -77,10 +77,6 @@ class ClaimNotFound(LookupError):
     Each is one claim's error either way; only the words differ."""
 
 
-class Refused(Exception):
-    """One claim cannot be prepared; the message is what the kubelet shows on the pod."""
-
-
 class ClaimPreparer:
     """Prepares and unprepares this driver's claims on this node.
 
@@ -100,7 +96,8 @@ class ClaimPreparer:
                  on_prepared: Observer | None = None,
                  on_unprepared: Forget | None = None,
                  held: Callable[[], Mapping[str, str]] = dict,
-                 programmer: Programmer | None = None) -> None:
+                 programmer: Programmer | None = None, auditor: Auditor | None = None,
+                 refused_in_status: RefusedInStatus | None = None) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, not {concurrency}")
         self.driver = driver
@@ -120,6 +117,8 @@ class ClaimPreparer:
         self.programmer = programmer
         """Gives devices the function their claim's configuration names (None: a claim
         that names one is refused)."""
+        self.functions = FunctionStep(driver, pool_name, programmer, self._holders, auditor,
+                                      refused_in_status)
 
     # -- prepare ---------------------------------------------------------------------------
 
@@ -238,53 +237,12 @@ class ClaimPreparer:
             # From here until the claim is recorded or refused, no load for anyone else
             # starts on its devices, whether or not it names a function.
             self.programmer.claim_started(ref.uid, [d.device_id for d in devices])
-        functions = await self._program(ref, allocation, devices)
+        functions = await self.functions.program(ref, allocation, devices)
         spec = None
         if self.claim_specs is not None and devices:
             devices = self._with_env(ref.uid, devices)
             spec = self.claim_specs.file_name(ref.uid)  # written by _record
         return PreparedClaim(ref, devices, spec, functions)
-
-    async def _program(self, ref: ClaimRef, allocation: ClaimAllocation,
-                       devices: tuple[PreparedDevice, ...]) -> tuple[Outcome, ...]:
-        """Each device given the function its request's configuration names, if any: what
-        was done, recorded with the claim."""
-        try:
-            functions = self._functions(ref, allocation)
-        except Refused:
-            if self.programmer is not None:
-                self.programmer.configuration_refused(d.device_id for d in devices)
-            raise
-        wanted = [(device, spec) for device in devices
-                  if (spec := functions.function_for(device.requests[0])) is not None]
-        programmer = self.programmer
-        if programmer is None:
-            if wanted:
-                raise Refused(f"claim {describe(ref)} names a function to load, and this "
-                              "driver does not program devices")
-            return ()
-        try:
-            # No answer while a load (a clear, another claim's) is changing a device.
-            await programmer.settled(d.device_id for d in devices)
-            if len(wanted) > 1:  # every device checked before any is loaded
-                for device, spec in wanted:
-                    await programmer.check(device.device_id, spec)
-            return tuple([
-                await programmer.ensure(describe(ref), ref.uid, device.device_id, spec,
-                                        lambda device_id: self._holders(ref.uid, device_id))
-                for device, spec in wanted])
-        except ProgrammingRefused as refusal:
-            raise Refused(f"claim {describe(ref)}: {refusal}") from None
-
-    def _functions(self, ref: ClaimRef, allocation: ClaimAllocation) -> ClaimFunctions:
-        mine = [(c.source, c.requests, c.parameters) for c in allocation.configs
-                if c.driver == self.driver]
-        if not mine:
-            return NO_FUNCTIONS
-        try:
-            return functions_of(self.driver, mine)
-        except ValueError as exc:
-            raise Refused(f"claim {describe(ref)}: {exc}") from None
 
     def _holders(self, uid: str, device_id: str) -> list[str]:
         """The other recorded claims holding ``device_id``."""

@@ -1,0 +1,143 @@
+"""The programming step of a prepare: each device given the function its request names.
+
+Between reading a claim and recording it, :class:`~.prepare.ClaimPreparer` hands the claim
+here. Its configurations are parsed (:mod:`plugin.programming.function_config`), a claim's
+own function is held against its DeviceClass's catalogue, and every device whose request
+names a function is checked, then loaded or left as it is, by the
+:class:`~plugin.programming.programmer.Programmer`. Whatever comes of each device is audited
+(:mod:`.function_audit`); a refusal is that claim's error, and is also written into the
+claim's status, so ``kubectl describe resourceclaim`` says why without the pod's events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from plugin.process import metrics
+from plugin.programming.function_config import (
+    NO_FUNCTIONS,
+    ClaimFunctions,
+    FunctionRefused,
+    FunctionSpec,
+    functions_of,
+)
+from plugin.programming.outcome import LOADED as OUTCOME_LOADED
+from plugin.programming.outcome import Outcome
+from plugin.programming.programmer import Programmer, ProgrammingRefused
+from plugin.serving.dra import function_audit as audit
+from plugin.serving.dra.claims_model import ClaimAllocation, ClaimRef
+from plugin.serving.dra.prepared import PreparedDevice, describe
+
+NOT_ALLOWED = "not_allowed"
+"""``dra_programming_total`` result of a claim's function its class does not allow."""
+
+
+class Refused(Exception):
+    """One claim cannot be prepared; the message is what the kubelet shows on the pod."""
+
+
+Holders = Callable[[str, str], list[str]]
+"""(claim UID, device ID) -> the other recorded claims that hold the device."""
+RefusedInStatus = Callable[[ClaimRef, Sequence[audit.FunctionAudit]], None]
+
+
+class FunctionStep:
+    """Gives a claim's devices their functions, and says what came of each."""
+
+    def __init__(self, driver: str, node: str, programmer: Programmer | None,
+                 holders: Holders, auditor: audit.Auditor | None = None,
+                 refused_in_status: RefusedInStatus | None = None) -> None:
+        self.driver = driver
+        self.node = node
+        self.programmer = programmer
+        self.auditor = auditor or audit.Auditor()
+        self.refused_in_status = refused_in_status
+        self._holders = holders
+
+    async def program(self, ref: ClaimRef, allocation: ClaimAllocation,
+                      devices: tuple[PreparedDevice, ...]) -> tuple[Outcome, ...]:
+        """What was done for each device that needed a function (recorded with the claim);
+        :class:`Refused` when any could not be given its function: nothing is loaded for a
+        claim refused before its loads, whatever its other devices."""
+        functions = self._functions(ref, allocation, devices)
+        wanted: list[tuple[PreparedDevice, FunctionSpec]] = []
+        refusals: list[audit.FunctionAudit] = []
+        first: FunctionRefused | None = None
+        for device in devices:
+            try:
+                spec = functions.function_for(device.requests[0])
+            except FunctionRefused as refusal:
+                first = first or refusal
+                metrics.dra_programming(self.driver, refusal.spec.family, "", NOT_ALLOWED,
+                                        0.0)
+                refusals.append(self._audit(audit.NOT_ALLOWED, ref, allocation, device,
+                                            refusal.spec, None, str(refusal), functions))
+                continue
+            if spec is not None:
+                wanted.append((device, spec))
+        if first is not None:
+            self._refused(ref, refusals)
+            raise Refused(f"claim {describe(ref)}: {first}")
+        programmer = self.programmer
+        if programmer is None:
+            if wanted:
+                why = "this driver does not program devices"
+                self._refused(ref, [self._audit(audit.REFUSED, ref, allocation, d, s, None,
+                                                why, functions) for d, s in wanted])
+                raise Refused(f"claim {describe(ref)} names a function to load, and {why}")
+            return ()
+        try:
+            # No answer while a load (a clear, another claim's) is changing a device.
+            await programmer.settled(d.device_id for d in devices)
+            if len(wanted) > 1:  # every device checked before any is loaded
+                for device, spec in wanted:
+                    await programmer.check(device.device_id, spec)
+            outcomes = []
+            for device, spec in wanted:
+                outcome = await programmer.ensure(
+                    describe(ref), ref.uid, device.device_id, spec,
+                    lambda device_id: self._holders(ref.uid, device_id))
+                outcomes.append(outcome)
+                done = audit.LOADED if outcome.result == OUTCOME_LOADED else audit.SKIPPED
+                self.auditor.record(self._audit(done, ref, allocation, device, spec,
+                                                outcome.sha256, outcome.message(), functions))
+            return tuple(outcomes)
+        except ProgrammingRefused as refusal:
+            failed = [(d, s) for d, s in wanted if d.device_id == refusal.device_id] or \
+                wanted[:1]
+            self._refused(ref, [self._audit(refusal.result, ref, allocation, d, s,
+                                            refusal.sha256, str(refusal), functions)
+                                for d, s in failed])
+            raise Refused(f"claim {describe(ref)}: {refusal}") from None
+
+    def configuration_refused(self, devices: Sequence[PreparedDevice]) -> None:
+        if self.programmer is not None:
+            self.programmer.configuration_refused(d.device_id for d in devices)
+
+    def _functions(self, ref: ClaimRef, allocation: ClaimAllocation,
+                   devices: Sequence[PreparedDevice]) -> ClaimFunctions:
+        mine = [(c.source, c.requests, c.parameters) for c in allocation.configs
+                if c.driver == self.driver]
+        if not mine:
+            return NO_FUNCTIONS
+        try:
+            return functions_of(self.driver, mine, dict(allocation.classes))
+        except ValueError as exc:
+            self.configuration_refused(devices)
+            raise Refused(f"claim {describe(ref)}: {exc}") from None
+
+    def _refused(self, ref: ClaimRef, audits: Sequence[audit.FunctionAudit]) -> None:
+        for record in audits:
+            self.auditor.record(record)
+        if self.refused_in_status is not None and audits:
+            self.refused_in_status(ref, audits)
+
+    def _audit(self, outcome: str, ref: ClaimRef, allocation: ClaimAllocation,
+               device: PreparedDevice, spec: FunctionSpec, sha256: str | None, detail: str,
+               functions: ClaimFunctions) -> audit.FunctionAudit:
+        return audit.FunctionAudit(
+            outcome=outcome, namespace=ref.namespace, claim=ref.name, uid=ref.uid,
+            pods=allocation.reserved_for, device_class=functions.class_of(device.requests[0]),
+            function=spec.shown(), image=spec.image, sha256=sha256 or spec.sha256,
+            node=self.node, device=f"{device.pool}/{device.device}",
+            device_id=device.device_id, detail=detail)
