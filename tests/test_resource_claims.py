@@ -64,6 +64,10 @@ PARSED = (
     AllocationResult("accel/small", DRIVER, NODE, "pci-0000-3b-00-0-port1"),
     AllocationResult("gpu", OTHER, NODE, "gpu-0"),
 )
+CLASSES = (("fpga", "fpga.b-com.com"), ("accel/big", "fpga.b-com.com"),
+           ("accel/small", "fpga.b-com.com"), ("gpu", "fpga.b-com.com"))
+"""Each request's DeviceClass, however the version spells it (``exactly`` in v1 and v1beta2,
+on the request in v1beta1; ``firstAvailable`` subrequests in all)."""
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -78,7 +82,7 @@ def test_the_claims_used_here_are_ones_a_server_accepts(version: str, model: str
 @pytest.mark.parametrize("version", VERSIONS)
 def test_an_allocated_claim(version: str) -> None:
     parsed = parse_claim(version, claim(version, RESULTS))
-    assert parsed == ClaimAllocation(ref=REF, allocated=True, results=PARSED)
+    assert parsed == ClaimAllocation(ref=REF, allocated=True, results=PARSED, classes=CLASSES)
     assert parsed.results_for(DRIVER) == PARSED[:2]
     assert parsed.results_for(OTHER) == PARSED[2:]
 
@@ -91,7 +95,7 @@ def test_a_claim_reads_the_same_whichever_version_the_server_converts_it_to(
     hub, _ = decode_write("resourceclaims", sent, claim(sent, RESULTS), server, "Strict")
     answered = encode_read("resourceclaims", read, hub, server)
     assert answered["apiVersion"] == f"resource.k8s.io/{read}"
-    assert parse_claim(read, answered) == ClaimAllocation(REF, True, PARSED)
+    assert parse_claim(read, answered) == ClaimAllocation(REF, True, PARSED, classes=CLASSES)
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -175,3 +179,12 @@ def test_not_an_object(obj: Any) -> None:
 def test_an_unknown_version_is_refused() -> None:
     with pytest.raises(ValueError, match="v1alpha3"):
         parse_claim("v1alpha3", claim("v1", RESULTS))
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_pods_a_claim_is_reserved_for_are_read_for_the_audit(version: str) -> None:
+    obj = claim(version, RESULTS)
+    obj["status"]["reservedFor"] = [
+        {"resource": "pods", "name": "web-0", "uid": "u0"},
+        {"apiGroup": "example.com", "resource": "jobs", "name": "not-a-pod", "uid": "u1"}]
+    assert parse_claim(version, obj).reserved_for == ("web-0",)
