@@ -39,10 +39,20 @@ from plugin.process import metrics
 from plugin.programming.digest import DIGEST_STEP
 from plugin.programming.function_config import FunctionSpec
 from plugin.programming.ids import dashed
-from plugin.programming.image_checks import DigestMismatch, ImageChecks, held_function
+from plugin.programming.image_checks import ImageChecks, held_function
 from plugin.programming.loaders.base import Loader, LoadFailed, LoadJob
 from plugin.programming.outcome import LOADED, SKIPPED, Outcome
 from plugin.programming.quarantine import Quarantine
+from plugin.programming.vetting import (
+    DIGEST_MISMATCH,
+    FAILED,
+    REFUSED,
+    ProgrammingRefused,
+    Vetting,
+)
+
+__all__ = ["DIGEST_MISMATCH", "FAILED", "LOADED", "REFUSED", "SKIPPED", "Programmer",
+           "ProgrammingRefused", "unavailable"]
 
 log = logging.getLogger(__name__)
 
@@ -50,13 +60,6 @@ DEFAULT_TIMEOUT = 120.0
 REPORT_GRACE = 5.0
 """Seconds the device has to report its new function once the loader returned, even when
 the load itself took nearly all of the timeout (a rescan must land first)."""
-FAILED = "failed"
-REFUSED = "refused"
-DIGEST_MISMATCH = "digest_mismatch"
-"""An image whose bytes are not the ones its configuration pins: refused, never loaded, and
-the device not quarantined (the card was not touched)."""
-
-
 def unavailable(device: Device, enabled: bool, loaders: Mapping[str, Loader]) -> str | None:
     """Why ``device`` cannot be given another function on this node, or None: programming
     must be on, and its family's loader must find its way in (tool, FME node)."""
@@ -66,20 +69,6 @@ def unavailable(device: Device, enabled: bool, loaders: Mapping[str, Loader]) ->
     if loader is None:
         return f"no loader programs {device.backend} devices"
     return loader.unavailable(device)
-
-
-class ProgrammingRefused(Exception):
-    """The device cannot be given the function for this claim; the message says why.
-
-    ``result`` is what the audit and the metric call it (:data:`REFUSED`, :data:`FAILED`,
-    :data:`DIGEST_MISMATCH`); ``sha256`` the image's digest where it was taken."""
-
-    def __init__(self, message: str, *, result: str = REFUSED, device_id: str = "",
-                 sha256: str | None = None) -> None:
-        super().__init__(message)
-        self.result = result
-        self.device_id = device_id
-        self.sha256 = sha256
 
 
 Told = Callable[[str, str, str, str], None]
@@ -96,8 +85,7 @@ class Programmer:
                  driver: str, timeout: float = DEFAULT_TIMEOUT,
                  told: Told | None = None, require_digest: bool = False) -> None:
         self.enabled = enabled
-        self.require_digest = require_digest
-        """``--require-image-digest``: a function from an image must pin its sha256."""
+        self.vetting = Vetting(checks, driver, require_digest)
         self.loaders = dict(loaders)
         self.checks = checks
         self.quarantine = quarantine
@@ -390,45 +378,14 @@ class Programmer:
         return self._locks.setdefault(card, asyncio.Lock())
 
     def _check_image(self, device: Device, spec: FunctionSpec) -> None:
-        if device.backend != spec.family:
-            raise self._refuse(device, spec, f"the configuration names {spec.field}, a "
-                               f"function of the {spec.family} family, for a "
-                               f"{device.backend} device")
-        if self.checks is not None:
-            try:
-                self.checks.check(spec, device)
-            except ValueError as exc:
-                raise self._refuse(device, spec, str(exc)) from None
-        elif spec.image is not None:
-            raise self._refuse(device, spec, "no image library is configured "
-                               "(--image-library)")
+        self.vetting.check_image(device, spec)
 
     async def _check_digest(self, device: Device, spec: FunctionSpec) -> str | None:
-        """The image's digest where one is pinned (cached per file version: one ``stat``
-        on the fast path); refused when it is not the pinned one, or when this node
-        requires a pin and the configuration has none."""
-        if spec.image is None or self.checks is None:
-            return None
-        if spec.sha256 is None:
-            if self.require_digest:
-                raise self._refuse(device, spec, f"its configuration does not pin image "
-                                   f"{spec.image} with sha256, and this node requires one "
-                                   "(--require-image-digest)")
-            return None
-        try:
-            return await self.checks.check_digest(spec)
-        except DigestMismatch as exc:
-            raise self._refuse(device, spec, str(exc), result=DIGEST_MISMATCH,
-                               sha256=exc.actual) from None
-        except ValueError as exc:
-            raise self._refuse(device, spec, str(exc)) from None
+        return await self.vetting.check_digest(device, spec)
 
     def _refuse(self, device: Device, spec: FunctionSpec, why: str, *,
                 result: str = REFUSED, sha256: str | None = None) -> ProgrammingRefused:
-        metrics.dra_programming(self.driver, device.backend, "", result, 0.0)
-        return ProgrammingRefused(f"device {device.id} cannot be given {spec.shown()} "
-                                  f"({spec.where}): {why}", result=result,
-                                  device_id=device.id, sha256=sha256)
+        return self.vetting.refuse(device, spec, why, result=result, sha256=sha256)
 
     def _failed(self, claim: str, device: Device, spec: FunctionSpec, loader: Loader,
                 step: str, detail: str, touched: bool) -> None:
