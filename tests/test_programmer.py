@@ -6,6 +6,7 @@ load; discovery (the real Intel backend) reads the result, as in ``serve``."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -22,12 +23,19 @@ from compat_tests.fpga_images import (
 )
 from plugin.discovery.backends import make_backend
 from plugin.model.devices import Device, DeviceSet
+from plugin.programming.digest import DIGEST_STEP
 from plugin.programming.function_config import parse_function
 from plugin.programming.image_checks import ImageChecks
 from plugin.programming.library import ImageLibrary
 from plugin.programming.loaders.base import LoadFailed, LoadJob
 from plugin.programming.outcome import Outcome
-from plugin.programming.programmer import LOADED, SKIPPED, Programmer, ProgrammingRefused
+from plugin.programming.programmer import (
+    DIGEST_MISMATCH,
+    LOADED,
+    SKIPPED,
+    Programmer,
+    ProgrammingRefused,
+)
 from plugin.programming.quarantine import Quarantine
 
 DRIVER = "accelerator.b-com.com"
@@ -437,3 +445,41 @@ async def test_a_second_call_for_a_claim_keeps_it_registered_until_both_end(
     with pytest.raises(ProgrammingRefused, match=r"other claim\(s\) \(A\)"):
         await programmer.ensure("ns/b", "B", PORT, spec(NLB3_AFU_ID, "nlb3.gbs"), nobody)
     assert loader.jobs == []
+
+
+async def test_every_load_hands_the_loader_the_digest_of_the_bytes_checked(
+        node: FakeNode, library: ImageLibrary, tmp_path: Path) -> None:
+    """Even unpinned, the loader is told which bytes it must load: the audit's digest is
+    the one that reached the card."""
+    programmer, loader = programmer_for(node, library, tmp_path)
+    outcome = await programmer.ensure("ns/c", "uid-1", PORT, spec(NLB3_AFU_ID, "nlb3.gbs"), nobody)
+    expected = hashlib.sha256((library.root / "nlb3.gbs").read_bytes()).hexdigest()
+    assert [job.sha256 for job in loader.jobs] == [expected]
+    assert outcome.sha256 == expected
+
+
+async def test_a_file_replaced_after_the_check_is_refused_by_the_loader_and_not_quarantined(
+        node: FakeNode, library: ImageLibrary, tmp_path: Path) -> None:
+    programmer, loader = programmer_for(node, library, tmp_path)
+    loader.fail = LoadFailed(DIGEST_STEP, "image 'nlb3.gbs' has sha256 ab.., not the sha256 "
+                             "cd.. its configuration pins; nothing was loaded", touched=False)
+    with pytest.raises(ProgrammingRefused) as refused:
+        await programmer.ensure("ns/c", "uid-1", PORT, spec(NLB3_AFU_ID, "nlb3.gbs"), nobody)
+    assert refused.value.result == DIGEST_MISMATCH
+    assert "nothing was loaded" in str(refused.value)
+    assert programmer.quarantine.reasons == {}
+
+
+async def test_the_digest_of_an_unchanged_file_is_taken_once(
+        node: FakeNode, library: ImageLibrary, tmp_path: Path) -> None:
+    programmer, _ = programmer_for(node, library, tmp_path)
+    digest = hashlib.sha256((library.root / "nlb0.gbs").read_bytes()).hexdigest()
+    pinned = replace(spec(NLB0_AFU_ID, "nlb0.gbs"), sha256=digest)
+    checks = programmer.checks
+    assert checks is not None
+    for uid in ("a", "b", "c"):
+        assert (await programmer.ensure("ns/c", uid, PORT, pinned, nobody)).result == SKIPPED
+    assert checks.hashed == 1
+    (library.root / "nlb0.gbs").write_bytes((library.root / "nlb0.gbs").read_bytes())
+    assert (await programmer.ensure("ns/c", "d", PORT, pinned, nobody)).result == SKIPPED
+    assert checks.hashed == 2  # rewritten (a new ctime): hashed again
