@@ -17,6 +17,9 @@ would meet it:
 from __future__ import annotations
 
 import hashlib
+import json
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -181,3 +184,26 @@ async def test_a_node_requiring_digests_refuses_a_function_without_one(strict: W
     pinned = strict.claim("pinned", DFL_PORT, function(afuID=NLB3_AFU_ID, image=IMAGE,
                                                        sha256=digest_of(strict)))
     assert (await strict.prepare(pinned)).ok
+
+
+async def test_discover_shows_the_digest_of_what_the_driver_loaded(world: World,
+                                                                   sockdir: Path) -> None:
+    ref = world.claim("nlb3", DFL_PORT, function(afuID=NLB3_AFU_ID, image=IMAGE))
+    assert (await world.prepare(ref)).ok
+    await until(lambda: world.published()[DFL_PORT]["afuID"] == NLB3, "loaded")
+
+    def discovered() -> dict[str, Any]:
+        result = subprocess.run(
+            [sys.executable, "-m", "plugin", "discover", "--backend", "auto", "--json",
+             "--sysfs-root", str(world.node.sysfs_root), "--dev-root",
+             str(world.node.dev_root), "--dra-state-dir", str(sockdir / "state")],
+            capture_output=True, text=True, timeout=60, check=True)
+        return {d["id"]: d for d in json.loads(result.stdout)}
+
+    record = discovered()[DFL_BDF]["loaded_by_driver"]
+    assert record is not None
+    assert (record["image"], record["sha256"]) == (IMAGE, digest_of(world))
+    assert record["claim"] == f"{NAMESPACE}/nlb3 ({ref.uid})"
+    # Loaded since by other means: no digest is shown rather than a wrong one.
+    world.node.set_afu_id(world.node.cards[DFL_BDF].ports[0], DEFAULT_AFU_ID)
+    assert discovered()[DFL_BDF]["loaded_by_driver"] is None

@@ -470,6 +470,12 @@ def build_parser() -> OneLineParser:
     _add_node_flags(discover)
     _add_programming_flag(discover)
     _add_common_flags(discover)
+    found = _EnvDefaults(discover)
+    found.add("--dra-driver-name", default=DEFAULT_DRA_DRIVER, convert=_driver_name,
+              help="the DRA driver whose record of loads to read")
+    found.add("--dra-state-dir", default=None, convert=Path,
+              help="where that driver keeps its state, with what it loaded onto each device "
+                   f"(default {KUBELET_PLUGINS_DIR}/<driver name>)")
     discover.add_argument("--json", dest="json_output", action="store_true",
                           help="print JSON instead of a table")
 

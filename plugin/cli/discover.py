@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from plugin.cli.sources import Origin, describe
 from plugin.model.devices import Device
 from plugin.model.programming import WhyNot, never_why
+
+if TYPE_CHECKING:
+    from plugin.programming.load_record import LoadRecord
 
 COLUMNS = ("ID", "BACKEND", "DRIVER", "NODE", "NUMA", "LOADED", "PROGRAMMABLE", "HEALTH",
            "WHY")
@@ -26,12 +30,14 @@ NONE = "-"
 
 
 def render_table(devices: Sequence[Device], origins: Sequence[Origin] = (),
-                 why_not: WhyNot = never_why, told: Mapping[str, str] | None = None) -> str:
+                 why_not: WhyNot = never_why, told: Mapping[str, str] | None = None,
+                 records: Mapping[str, LoadRecord] | None = None) -> str:
     """Aligned columns, one line per device; a line saying so when there are none.
 
     A last line, after a blank one, names the settings given and where from, if any were.
     """
-    rows = [_cells(d, why_not, (told or {}).get(d.id)) for d in devices]
+    rows = [_cells(d, why_not, (told or {}).get(d.id), (records or {}).get(d.id))
+            for d in devices]
     widths = [max(len(r[i]) for r in [COLUMNS, *rows]) for i in range(len(COLUMNS))]
 
     def line(cells: Sequence[str]) -> str:
@@ -46,21 +52,26 @@ def render_table(devices: Sequence[Device], origins: Sequence[Origin] = (),
 
 
 def render_json(devices: Sequence[Device], why_not: WhyNot = never_why,
-                told: Mapping[str, str] | None = None) -> str:
+                told: Mapping[str, str] | None = None,
+                records: Mapping[str, LoadRecord] | None = None) -> str:
     """One object per device, with every attribute discovery kept; ``told``: device ID ->
-    the function a vendor tool says it holds (AWS slots)."""
-    return json.dumps([_record(d, why_not, (told or {}).get(d.id)) for d in devices],
-                      indent=2)
+    the function a vendor tool says it holds (AWS slots); ``records``: the driver's record
+    of what it loaded onto the device, from which image and bytes, for which claim."""
+    return json.dumps([_record(d, why_not, (told or {}).get(d.id), (records or {}).get(d.id))
+                       for d in devices], indent=2)
 
 
-def _cells(device: Device, why_not: WhyNot, told: str | None) -> tuple[str, ...]:
+def _cells(device: Device, why_not: WhyNot, told: str | None,
+           record: LoadRecord | None = None) -> tuple[str, ...]:
+    digest = f"sha256 {record.sha256[:16]}..." if record is not None and record.sha256 \
+        else None
     return (
         device.id,
         device.backend,
         device.attribute("driver") or NONE,
         ",".join(n.host_path for n in device.nodes) or NONE,
         NONE if device.numa_node is None else str(device.numa_node),
-        " ".join(filter(None, (loaded(device), told))) or NONE,
+        " ".join(filter(None, (loaded(device), told, digest))) or NONE,
         "no" if why_not(device) else "yes",
         device.health.value,
         device.health_reason or NONE,
@@ -82,7 +93,8 @@ def loaded(device: Device) -> str:
     return ""
 
 
-def _record(device: Device, why_not: WhyNot, told: str | None) -> dict[str, object]:
+def _record(device: Device, why_not: WhyNot, told: str | None,
+            record: LoadRecord | None = None) -> dict[str, object]:
     reason = why_not(device)
     return {
         "id": device.id,
@@ -98,6 +110,9 @@ def _record(device: Device, why_not: WhyNot, told: str | None) -> dict[str, obje
         "shell": device.attribute("shell") or None,
         "xclbin_uuid": device.attribute("xclbin_uuid") or None,
         "agfi_id": told if device.backend == "aws" else None,
+        "loaded_by_driver": None if record is None else {
+            "image": record.image, "sha256": record.sha256, "claim": record.claim,
+            "at": record.at},
         "programmable": reason is None,
         "not_programmable_because": reason,
         "health": device.health.value,

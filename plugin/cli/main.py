@@ -96,20 +96,25 @@ def discover(settings: Settings) -> int:
     from plugin.cli.discover import render_json, render_table
     from plugin.cli.sources import describe
     from plugin.discovery.monitor import DeviceMonitor
-    from plugin.programming.setup import functions_only_tools_tell, why_not_programmable
+    from plugin.programming.setup import (
+        functions_only_tools_tell,
+        loaded_from,
+        why_not_programmable,
+    )
 
     backend = _backend(settings)
     devices = list(asyncio.run(DeviceMonitor(backend, rescan_interval=1.0).scan()))
     why_not = why_not_programmable(settings)
     told = asyncio.run(functions_only_tools_tell(settings, devices))
+    records = loaded_from(settings, devices, told)
     if settings.json_output:
         # stdout stays the device list scripts parse (as in 0.1.0); where the settings came
         # from is for the person running it, on stderr.
-        print(render_json(devices, why_not, told))
+        print(render_json(devices, why_not, told, records))
         if settings.origins:
             print(describe(settings.origins), file=sys.stderr)
     else:
-        print(render_table(devices, settings.origins, why_not, told))
+        print(render_table(devices, settings.origins, why_not, told, records))
     return 0
 
 

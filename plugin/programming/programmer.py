@@ -40,6 +40,7 @@ from plugin.programming.digest import DIGEST_STEP
 from plugin.programming.function_config import FunctionSpec
 from plugin.programming.ids import dashed
 from plugin.programming.image_checks import ImageChecks, held_function
+from plugin.programming.load_record import LoadRecord, LoadRecords, now
 from plugin.programming.loaders.base import Loader, LoadFailed, LoadJob
 from plugin.programming.outcome import LOADED, SKIPPED, Outcome
 from plugin.programming.quarantine import Quarantine
@@ -83,9 +84,12 @@ class Programmer:
                  checks: ImageChecks | None, quarantine: Quarantine,
                  devices: Callable[[], DeviceSet], rescan: Callable[[str], None],
                  driver: str, timeout: float = DEFAULT_TIMEOUT,
-                 told: Told | None = None, require_digest: bool = False) -> None:
+                 told: Told | None = None, require_digest: bool = False,
+                 records: LoadRecords | None = None) -> None:
         self.enabled = enabled
         self.vetting = Vetting(checks, driver, require_digest)
+        self.records = records or LoadRecords(None)
+        """What was loaded onto each device, from which bytes, for ``discover``."""
         self.loaders = dict(loaders)
         self.checks = checks
         self.quarantine = quarantine
@@ -324,6 +328,8 @@ class Programmer:
         seconds = time.monotonic() - began
         self.quarantine.clear(device.id)
         outcome = Outcome(device.id, spec, LOADED, loader.name, seconds, digest)
+        self.records.loaded(device.id, LoadRecord(spec.function_id, spec.shown(), spec.image,
+                                                  digest, claim, now()))
         metrics.dra_programming(self.driver, device.backend, loader.name, LOADED, seconds)
         log.info("claim %s: %s", claim, outcome.message())
         if self._told is not None:

@@ -15,6 +15,7 @@ from plugin.model.devices import Device, DeviceSet
 from plugin.model.programming import WhyNot, never_why
 from plugin.programming.image_checks import ImageChecks, held_function
 from plugin.programming.library import ImageLibrary
+from plugin.programming.load_record import LoadRecord, LoadRecords, read_records
 from plugin.programming.loaders.base import Loader, LoadFailed
 from plugin.programming.programmer import Programmer, Told, unavailable
 from plugin.programming.quarantine import Quarantine
@@ -50,7 +51,8 @@ def programmer_for(settings: Settings, quarantine: Quarantine,
     return Programmer(enabled=enabled, loaders=chosen, checks=checks, quarantine=quarantine,
                       devices=devices, rescan=rescan, driver=settings.dra_driver_name,
                       timeout=settings.program_timeout, told=told,
-                      require_digest=settings.require_image_digest)
+                      require_digest=settings.require_image_digest,
+                      records=LoadRecords(quarantine.path.parent if quarantine.path else None))
 
 
 async def functions_only_tools_tell(settings: Settings, devices: Iterable[Device]
@@ -74,3 +76,19 @@ async def functions_only_tools_tell(settings: Settings, devices: Iterable[Device
         if function:
             found[device.id] = function
     return found
+
+
+def loaded_from(settings: Settings, devices: Iterable[Device],
+                told: Mapping[str, str]) -> dict[str, LoadRecord]:
+    """Device ID -> the driver's record of its last load, for ``discover``: only where the
+    device still holds the recorded function (``told``: what only a tool can tell)."""
+    from plugin.cli.config import dra_state_dir
+
+    records = read_records(dra_state_dir(settings))
+    shown = {}
+    for device in devices:
+        record = records.get(device.id)
+        held = held_function(device) or told.get(device.id)
+        if record is not None and held == record.function_id:
+            shown[device.id] = record
+    return shown
