@@ -409,3 +409,45 @@ def test_an_unreadable_file_is_left_alone_and_nothing_answered_from_it(path, cap
     assert path.is_dir() and "cannot read" in caplog.text
     path.rmdir()
     assert record.unavailable() is None and len(record) == 0
+
+
+def _pinned_claim() -> PreparedClaim:
+    from plugin.programming.function_config import parse_function
+    from plugin.programming.outcome import LOADED, Outcome
+
+    driver = "accelerator.b-com.com"
+    spec = parse_function(driver, {
+        "apiVersion": f"{driver}/v1alpha1", "kind": "FpgaFunction",
+        "afuID": "d8424dc4-a4a3-c413-f89e-433683f9040b", "image": "nlb0.gbs",
+        "sha256": "ab" * 32,
+        "clearOnUnprepare": {"afuID": "d8424dc4-a4a3-c413-f89e-433683f9040b",
+                             "image": "blank.gbs", "sha256": "cd" * 32}},
+        "DeviceClass configuration 0", from_class=True)
+    device = PreparedDevice("node-1", "fpga-0", "0000:5e:00.0", ("fpga",), ())
+    return PreparedClaim(ClaimRef("ns", "c", "uid-1"), (device,), None,
+                         (Outcome("0000:5e:00.0", spec, LOADED, "ioctl", 1.5, "ab" * 32),))
+
+
+def test_the_digests_of_a_claims_functions_survive_a_restart(tmp_path) -> None:
+    path = tmp_path / "claims.jsonl"
+    claim = _pinned_claim()
+    asyncio.run(ClaimCheckpoint(path).commit(put=[claim]))
+    again = ClaimCheckpoint(path).get("uid-1")
+    assert again == claim
+    outcome = again.functions[0]
+    assert (outcome.sha256, outcome.spec.sha256, outcome.spec.clear.sha256) == (
+        "ab" * 32, "ab" * 32, "cd" * 32)
+
+
+def test_a_claims_functions_carry_only_the_keys_the_release_before_reads() -> None:
+    """0.2.0 builds each function from every key it finds (an unknown one costs the claim
+    its functions there): the digests go beside them, in ``functionDigests``."""
+    written = _pinned_claim().to_json()
+    [function] = written["functions"]
+    assert set(function) == {"device_id", "spec", "result", "loader", "seconds"}
+    assert set(function["spec"]) == {"family", "field", "function_id", "image", "where",
+                                     "clear"}
+    assert set(function["spec"]["clear"]) == {"family", "field", "function_id", "image",
+                                              "where", "clear"}
+    assert written["functionDigests"] == [{"deviceID": "0000:5e:00.0", "loaded": "ab" * 32,
+                                           "pinned": "ab" * 32, "clearPinned": "cd" * 32}]

@@ -10,7 +10,7 @@ by its spec, is loaded when the claim is unprepared.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from plugin.programming.function_config import FunctionSpec
@@ -39,18 +39,49 @@ class Outcome:
 
 
 def outcome_to_json(outcome: Outcome) -> dict[str, Any]:
-    """What the checkpoint records; a digest only where there is one, so a record without
-    one reads the same to a release that knows no digests (0.2.0)."""
-    return _without_empty_digests(asdict(outcome))
+    """What the checkpoint records of one outcome, without its digests: 0.2.0 builds an
+    outcome from every key it finds, so a key it does not know would cost it the claim's
+    functions on a rollback. The digests are kept beside (:func:`digests_to_json`)."""
+    return _without_digests(asdict(outcome))
 
 
-def _without_empty_digests(entry: dict[str, Any]) -> dict[str, Any]:
-    out = {}
-    for key, value in entry.items():
-        if key == "sha256" and value is None:
-            continue
-        out[key] = _without_empty_digests(value) if isinstance(value, dict) else value
-    return out
+def _without_digests(entry: dict[str, Any]) -> dict[str, Any]:
+    return {key: _without_digests(value) if isinstance(value, dict) else value
+            for key, value in entry.items() if key != "sha256"}
+
+
+def digests_to_json(outcome: Outcome) -> dict[str, str] | None:
+    """The digests of one outcome (the bytes loaded, the pins of its function and of its
+    clear), for the claim's ``functionDigests``; None when it has none."""
+    found = {"loaded": outcome.sha256, "pinned": outcome.spec.sha256,
+             "clearPinned": outcome.spec.clear.sha256 if outcome.spec.clear else None}
+    kept = {key: value for key, value in found.items() if value}
+    return {"deviceID": outcome.device_id, **kept} if kept else None
+
+
+def with_digests(outcomes: tuple[Outcome, ...], entries: object) -> tuple[Outcome, ...]:
+    """``outcomes`` with the digests ``functionDigests`` kept for them; entries that do not
+    read are skipped (a digest lost costs the audit a field, never the claim its record)."""
+    if not isinstance(entries, list):
+        return outcomes
+    by_device = {e["deviceID"]: e for e in entries
+                 if isinstance(e, dict) and isinstance(e.get("deviceID"), str)}
+    out = []
+    for outcome in outcomes:
+        entry = by_device.get(outcome.device_id)
+        if entry is not None:
+            spec = outcome.spec
+            clear = spec.clear
+            if clear is not None and isinstance(entry.get("clearPinned"), str):
+                clear = replace(clear, sha256=entry["clearPinned"])
+            pinned = entry.get("pinned")
+            spec = replace(spec, clear=clear,
+                           sha256=pinned if isinstance(pinned, str) else spec.sha256)
+            loaded = entry.get("loaded")
+            outcome = replace(outcome, spec=spec,
+                              sha256=loaded if isinstance(loaded, str) else None)
+        out.append(outcome)
+    return tuple(out)
 
 
 _SPEC_FIELDS = frozenset(FunctionSpec.__dataclass_fields__)

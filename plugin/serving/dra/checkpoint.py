@@ -83,10 +83,12 @@ FORMAT_VERSION = 2
 """The major format: bumped only when existing content changes meaning, so that a reader of
 the previous one would misread it (1: one JSON document rewritten whole on every change,
 never released)."""
-FORMAT_MINOR = 2
+FORMAT_MINOR = 3
 """Optional fields added within the major format (0: 0.1.0's, whose header has no ``minor``;
 1: the header's ``minor`` and ``writtenBy``; 2: a claim's ``functions``, what was done to give
-its devices the functions their requests named). Readers never refuse a higher one."""
+its devices the functions their requests named; 3: a claim's ``functionDigests``, the digests
+of the bytes loaded and of the pins, kept beside ``functions`` so that a release reading
+those key by key meets none it does not know). Readers never refuse a higher one."""
 KIND = "AcceleratorDraClaimCheckpoint"
 COMPACT_AFTER = 512
 """Journal lines after which the next change rewrites the file (if there are fewer claims)."""

@@ -12,7 +12,13 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from plugin.programming.outcome import Outcome, outcome_from_json, outcome_to_json
+from plugin.programming.outcome import (
+    Outcome,
+    digests_to_json,
+    outcome_from_json,
+    outcome_to_json,
+    with_digests,
+)
 from plugin.serving.dra.claims_model import ClaimRef
 
 log = logging.getLogger(__name__)
@@ -76,6 +82,9 @@ class PreparedClaim:
             data["claimSpec"] = self.claim_spec
         if self.functions:
             data["functions"] = [outcome_to_json(o) for o in self.functions]
+            digests = [d for o in self.functions if (d := digests_to_json(o)) is not None]
+            if digests:  # beside the functions, which 0.2.0 reads key by key (minor 3)
+                data["functionDigests"] = digests
         return data
 
     def function(self, device_id: str) -> Outcome | None:
@@ -92,7 +101,8 @@ class PreparedClaim:
             raise ValueError(f"claim {uid}: 'claimSpec' is not text")
         return cls(ClaimRef(_text(data, "namespace"), _text(data, "name"), uid),
                    tuple(PreparedDevice.from_json(d) for d in devices), spec,
-                   _functions(uid, data.get("functions")))
+                   with_digests(_functions(uid, data.get("functions")),
+                                data.get("functionDigests")))
 
 
 @dataclass(frozen=True, slots=True)
