@@ -7,6 +7,9 @@ the real daemon with ``--api dra --programming on``. A pod asks for ``b-com.com/
 the scheduler's claim (KEP-5004), allocated by the class's CEL selectors, carries the class's
 configuration; at NodePrepareResources the driver checks the GBS, loads it into the port
 through the FME's port-PR ioctl, waits until the port reports nlb0, and only then answers.
+Then what a shared cluster's admin relies on: a tenant's claim naming a function the class
+does not list is refused, and so is an image whose bytes are not the ones the class pins;
+both leave the card untouched and say why on the claim.
 
 The ioctl is the one thing not real: a stand-in (:mod:`compat_tests.fake_port_pr`) checks
 the request number, the struct and the very bitstream bytes against the kernel header's
@@ -16,13 +19,14 @@ layout, then rewrites the fake sysfs as the kernel would after a load.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from pathlib import Path
 
 import yaml
 
 from api_versions.retry import RetryPolicy
-from compat_tests.apiserver import ApiServerEmulator
+from compat_tests.apiserver import ApiServerEmulator, objects
 from compat_tests.apiserver.allocate import extended_resource_claim
 from compat_tests.demo import _until, say, section, show_container, told_in
 from compat_tests.dra_support import wiper
@@ -139,6 +143,11 @@ async def _story(root: Path) -> None:
         entry = await _status_when(api, claim)
         say(f"  kubectl describe resourceclaim: {entry['data']['functionLoaded']}")
 
+        held = claim["status"]["allocation"]["devices"]["results"][0]["device"]
+        free = next(d["name"] for d in _devices(api) if d["name"] != held)
+        await _tenant_refused(api, kubelet, device_class, free, port_pr)
+        await _digest_mismatch(api, kubelet, device_class, free, port_pr, library)
+
         section("The plugin is stopped")
         daemon.stop()
         code = await serving
@@ -171,6 +180,66 @@ async def _pod(api: ApiServerEmulator, kubelet: KubeletEmulator, pod: str,
         raise RuntimeError(f"prepare failed: {result.error}")
     say(f"  NodePrepareResources answered in {took:.0f} ms")
     return claim, outcome.cdi_ids(ref.uid)
+
+
+async def _tenant_refused(api: ApiServerEmulator, kubelet: KubeletEmulator,
+                          device_class: dict, device: str, port_pr: FakePortPr) -> None:
+    """A tenant's claim of the nlb0 class naming its own function: the class lists none."""
+    section("A tenant's claim asks the nlb0 class for its own function, nlb3")
+    parameters = {"apiVersion": f"{DRIVER}/v1alpha1", "kind": "FpgaFunction",
+                  "afuID": NLB3_AFU_ID, "image": "nlb3.gbs"}
+    ref = _allocated(api, "tenant-a", "tenant-claim", device_class, device,
+                     {"source": "FromClaim", "requests": ["fpga"],
+                      "opaque": {"driver": DRIVER, "parameters": parameters}})
+    await _refused(api, kubelet, ref, port_pr, "FunctionNotAllowed")
+
+
+async def _digest_mismatch(api: ApiServerEmulator, kubelet: KubeletEmulator,
+                           device_class: dict, device: str, port_pr: FakePortPr,
+                           library: Path) -> None:
+    """A class pinning nlb0.gbs's bytes, and the file replaced on the node since."""
+    section("The admin pins nlb0.gbs by sha256; the file on the node is replaced since")
+    image = library / "nlb0.gbs"
+    pinned = hashlib.sha256(image.read_bytes()).hexdigest()
+    say(f"  the class's FpgaFunction: sha256 {pinned}")
+    image.write_bytes(image.read_bytes()[:-16] + b"\0" * 16)
+    say(f"  nlb0.gbs on the node now: sha256 {hashlib.sha256(image.read_bytes()).hexdigest()}")
+    config = device_class["spec"]["config"][0]
+    parameters = {**config["opaque"]["parameters"], "sha256": pinned}
+    ref = _allocated(api, "default", "pinned-claim", device_class, device,
+                     {"source": "FromClass", "requests": ["fpga"],
+                      "opaque": {"driver": DRIVER, "parameters": parameters}})
+    await _refused(api, kubelet, ref, port_pr, "ImageDigestMismatch")
+
+
+def _allocated(api: ApiServerEmulator, namespace: str, name: str, device_class: dict,
+               device: str, *config: dict) -> ClaimRef:
+    api.create_namespace(namespace)
+    api.create_claim(namespace, name, [("fpga", device_class["metadata"]["name"])])
+    obj = api.set_claim_status(namespace, name, {
+        "allocation": objects.allocation([objects.result("fpga", DRIVER, NODE, device)],
+                                         node_name=NODE, config=config),
+        "reservedFor": [objects.pod_reference(f"{name}-pod", f"{name}-pod-uid")]})
+    return ClaimRef(namespace, name, obj["metadata"]["uid"], (DRIVER,))
+
+
+async def _refused(api: ApiServerEmulator, kubelet: KubeletEmulator, ref: ClaimRef,
+                   port_pr: FakePortPr, reason: str) -> None:
+    assert kubelet.dra is not None
+    loads = len(port_pr.calls)
+    result = (await kubelet.dra.prepare([ref])).result(ref.uid)
+    say(f"  NodePrepareResources for {ref.namespace}/{ref.name}: refused")
+    say(f"    {result.error}")
+    say(f"  loads this time: {len(port_pr.calls) - loads}; the port is untouched and healthy")
+    await _until(lambda: _claim_events(api, ref, reason), timeout=15)
+    say(f"  kubectl describe resourceclaim -n {ref.namespace} {ref.name}, Events:")
+    for event in _claim_events(api, ref, reason):
+        say(f"    {event['type']}  {event['reason']}  {event['note'][:400]}")
+
+
+def _claim_events(api: ApiServerEmulator, ref: ClaimRef, reason: str) -> list[dict]:
+    return [e for e in api.list("events", ref.namespace) if e["reason"] == reason
+            and e["regarding"].get("name") == ref.name]
 
 
 def _devices(api: ApiServerEmulator) -> list[dict]:

@@ -173,6 +173,13 @@ def test_programming_demo_loads_the_function_a_pod_asks_for() -> None:
     assert "Normal  FunctionLoaded  Device 0000:3b:00.0: afuID d8424dc4" in out
     assert "loads this time: 0 (the port holds nlb0: the fast path)" in out
     assert "was loaded already" in out and "exit code 0" in out
+    # A shared cluster's guards: a tenant's own function, and a pinned image replaced.
+    assert "DeviceClass 'nlb0.accelerator.b-com.com' does not let claims choose afuID " \
+        "f7df405c" in out
+    assert "Warning  FunctionNotAllowed  not_allowed: afuID f7df405c" in out
+    assert "its configuration pins; nothing was loaded" in out
+    assert "Warning  ImageDigestMismatch  digest_mismatch" in out
+    assert out.count("loads this time: 0; the port is untouched and healthy") == 2
 
 
 def test_migration_demo_moves_one_node_to_dra_and_back() -> None:

@@ -8,7 +8,8 @@ record names the claim (namespace, name, UID), the pods it is reserved for, the 
 the function, the image and its digest, the node, the device and the outcome, and goes to:
 
 * one structured log line (logger ``plugin.audit``; with ``--log-format json`` its fields
-  are an ``audit`` object of the line, for a collector to index);
+  are an ``audit`` object of the line, for a collector to index); ``skipped``, which loads
+  nothing, only at debug level, so the fast path costs no line;
 * an Event regarding the ResourceClaim (``kubectl describe resourceclaim`` shows it), for
   every outcome but ``skipped``, which changes nothing;
 * the claim's ``status.devices[]`` entry of the device (:mod:`.claim_status`).
@@ -113,8 +114,15 @@ class Auditor:
         self._told = told
         self._status = status
 
+    @staticmethod
+    def skips_recorded() -> bool:
+        """Whether a ``skipped`` outcome (nothing loaded: the fast path) is worth a record:
+        only at debug level, so the fast path costs no log line."""
+        return log.isEnabledFor(logging.DEBUG)
+
     def record(self, audit: FunctionAudit) -> None:
-        level = logging.INFO if audit.ok else logging.WARNING
+        level = logging.DEBUG if audit.outcome == SKIPPED else \
+            logging.INFO if audit.ok else logging.WARNING
         log.log(level, "%s", audit.line(), extra={"audit": audit.fields()})
         reason = EVENT_REASONS.get(audit.outcome)
         if self._told is not None and reason is not None:

@@ -98,9 +98,13 @@ class FunctionStep:
                     describe(ref), ref.uid, device.device_id, spec,
                     lambda device_id: self._holders(ref.uid, device_id))
                 outcomes.append(outcome)
-                done = audit.LOADED if outcome.result == OUTCOME_LOADED else audit.SKIPPED
-                self.auditor.record(self._audit(done, ref, allocation, device, spec,
-                                                outcome.sha256, outcome.message(), functions))
+                if outcome.result == OUTCOME_LOADED:
+                    self.auditor.record(self._audit(audit.LOADED, ref, allocation, device,
+                                                    spec, outcome.sha256, outcome.message(),
+                                                    functions))
+                elif self.auditor.skips_recorded():  # nothing loaded: debug only
+                    self.auditor.record(self._audit(audit.SKIPPED, ref, allocation, device,
+                                                    spec, None, outcome.message(), functions))
             return tuple(outcomes)
         except ProgrammingRefused as refusal:
             failed = [(d, s) for d, s in wanted if d.device_id == refusal.device_id] or \
