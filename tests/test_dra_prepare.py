@@ -10,7 +10,7 @@ import time
 import pytest
 
 from plugin.model.devices import Device, DeviceSet
-from plugin.serving.dra import prepare as prepare_module
+from plugin.serving.dra import claim_spec_files
 from plugin.serving.dra.checkpoint import ClaimCheckpoint
 from plugin.serving.dra.claim_cdi import ClaimSpecs, accelerator_env
 from plugin.serving.dra.prepare import ClaimPreparer
@@ -319,7 +319,7 @@ async def test_a_call_cancelled_while_a_worker_writes_its_specs_leaves_none(
     the call waits for it, then removes what it wrote."""
     specs = env_specs(tmp_path)
     preparer = make(claim_specs=specs)
-    count = prepare_module.INLINE_FILE_OPS + 4
+    count = claim_spec_files.INLINE_FILE_OPS + 4
     for i in range(count):
         api.add(allocation(f"u{i}", f"fpga-{i % 8}"))
     started, real_write = threading.Event(), specs.write

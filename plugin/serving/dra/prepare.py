@@ -42,6 +42,8 @@ from plugin.process import metrics
 from plugin.programming.programmer import Programmer
 from plugin.serving.dra.checkpoint import CheckpointError, ClaimCheckpoint
 from plugin.serving.dra.claim_cdi import ClaimSpecs
+from plugin.serving.dra.claim_spec_files import groups as _groups
+from plugin.serving.dra.claim_spec_files import remove_specs, write_specs
 from plugin.serving.dra.claims_model import AllocationResult, ClaimAllocation, ClaimRef
 from plugin.serving.dra.function_audit import Auditor
 from plugin.serving.dra.prepare_functions import FunctionStep, Refused, RefusedInStatus
@@ -63,8 +65,6 @@ Forget = Callable[[list[str]], None]
 DEFAULT_CONCURRENCY = 32
 DEFAULT_READ_TIMEOUT = 20.0
 """One claim read; a call's own deadline may cut it shorter."""
-INLINE_FILE_OPS = 8
-"""Claim specs a call writes or removes on the event loop; more go to a worker thread."""
 
 
 class ClaimNotFound(LookupError):
@@ -335,48 +335,10 @@ class ClaimPreparer:
 
     async def _write_specs(self, prepared: list[PreparedClaim],
                            results: dict[str, ClaimResult]) -> list[PreparedClaim]:
-        """The claims whose spec is written (or that need none); the others get an error.
-
-        A few specs are written right here: one is a few hundred bytes into a tmpfs, less
-        than the hop to a worker thread costs, and the kubelet waits on it. A call with
-        many claims writes them on one worker thread so the event loop keeps answering; if
-        the call is cancelled meanwhile, the specs written are removed again once the thread
-        is done."""
-        specs = self.claim_specs
-        jobs = [(c.ref.uid, _groups(c.devices)) for c in prepared if c.claim_spec is not None]
-        if specs is None or not jobs:
-            return prepared
-        if len(jobs) <= INLINE_FILE_OPS:
-            failures = _write_all(specs, jobs)
-        else:
-            writing = asyncio.ensure_future(asyncio.to_thread(_write_all, specs, jobs))
-            try:
-                failures = await asyncio.shield(writing)
-            except asyncio.CancelledError:
-                await asyncio.wait([writing])
-                await self._remove_specs([(uid, specs.file_name(uid)) for uid, _ in jobs])
-                raise
-        written = []
-        for claim in prepared:
-            exc = failures.get(claim.ref.uid)
-            if exc is None:
-                written.append(claim)
-                continue
-            error = (f"cannot write the CDI spec of claim {describe(claim.ref)} into "
-                     f"{specs.directory}: {exc.strerror or exc}")
-            results[claim.ref.uid] = ClaimResult(error=error)
-            log.warning("refused to prepare claim %s: %s", describe(claim.ref), error)
-        return written
+        return await write_specs(self.claim_specs, prepared, results)
 
     async def _remove_specs(self, claims: list[tuple[str, str | None]]) -> None:
-        """Remove claims' specs: a few right here, many on a worker thread."""
-        specs = self.claim_specs
-        if specs is None or not claims:
-            return
-        if len(claims) <= INLINE_FILE_OPS:
-            _remove_all(specs, claims)
-        else:
-            await asyncio.to_thread(_remove_all, specs, claims)
+        await remove_specs(self.claim_specs, claims)
 
     # -- unprepare -------------------------------------------------------------------------
 
@@ -440,23 +402,6 @@ def _log_prepared(prepared: list[PreparedClaim]) -> None:
             f"{d.pool}/{d.device} ({d.device_id})" for d in claim.devices) or "no device")
 
 
-def _write_all(specs: ClaimSpecs, jobs: list[tuple[str, dict[str, list[str]]]]
-               ) -> dict[str, OSError]:
-    """Write each claim's spec; the ones that could not be, by claim UID."""
-    failures = {}
-    for uid, groups in jobs:
-        try:
-            specs.write(uid, groups)
-        except OSError as exc:
-            failures[uid] = exc
-    return failures
-
-
-def _remove_all(specs: ClaimSpecs, claims: list[tuple[str, str | None]]) -> None:
-    for uid, file_name in claims:
-        specs.remove(uid, file_name)
-
-
 def _read_failure(ref: ClaimRef, exc: Exception) -> str:
     """What the kubelet shows on the pod when the claim could not be read."""
     status = getattr(exc, "status", None)
@@ -467,12 +412,3 @@ def _read_failure(ref: ClaimRef, exc: Exception) -> str:
                 f"get on resourceclaims): {exc}")
     return (f"cannot read claim {describe(ref)} from the API server (unavailable; the "
             f"kubelet will call again): {type(exc).__name__}: {exc}")
-
-
-def _groups(devices: Sequence[PreparedDevice]) -> dict[str, list[str]]:
-    """Base request -> its device IDs in allocation order (what each container gets)."""
-    groups: dict[str, list[str]] = {}
-    for device in devices:
-        for request in device.request_names:
-            groups.setdefault(request, []).append(device.device_id)
-    return groups
