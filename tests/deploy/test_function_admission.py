@@ -352,7 +352,7 @@ def test_an_empty_catalogue_guards_nothing(renderings):
 # --- quotas and documentation ---------------------------------------------------------------
 
 
-QUOTAS = EXAMPLES / "quota.yaml"
+QUOTAS = EXAMPLES / "quota" / "fpga-functions.yaml"
 
 
 def test_quota_examples_count_each_function_class():
@@ -369,7 +369,7 @@ def test_quota_examples_count_each_function_class():
             counted.add(cls)
     assert counted == classes
     kustomization = yaml.safe_load((EXAMPLES / "kustomization.yaml").read_text())
-    assert "quota.yaml" not in kustomization["resources"]  # namespaced: applied per tenant
+    assert not any("quota" in r for r in kustomization["resources"])  # applied per tenant
 
 
 def test_the_guide_shows_the_label_the_policy_reads(renderings):
