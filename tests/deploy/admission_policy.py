@@ -194,10 +194,13 @@ def _evaluate(policy: Mapping[str, Any], activation_values: dict[str, Any]) -> l
             continue
         message = validation.get("message", f"failed expression: {validation['expression']}")
         if "messageExpression" in validation:
-            text = program(validation["messageExpression"]).evaluate(activation)
-            if isinstance(text, celpy.CELEvalError):
-                raise text
-            message = str(text)
+            # A message that cannot be evaluated, or is empty, gives way to ``message``.
+            try:
+                text = program(validation["messageExpression"]).evaluate(activation)
+            except celpy.CELEvalError:
+                text = None
+            if isinstance(text, str) and text.strip():
+                message = str(text)
         refusals.append(message)
     return refusals
 

@@ -366,6 +366,13 @@ def test_without_its_catalogue_the_policy_refuses_everything_it_covers(rendering
     assert admit(policy, binding, system_pod, namespace("kube-system"), objects).allowed
 
 
+@pytest.mark.parametrize("name", ["kustomize", "chart"])
+def test_the_fallback_message_names_the_label_too(renderings, name):
+    policy, _, _ = parts(renderings[name])
+    (validation,) = policy["spec"]["validations"]
+    assert f"{LABEL}<class>=true" in " ".join(validation["message"].split())
+
+
 def test_an_empty_catalogue_guards_nothing(renderings):
     policy, binding, catalogue = parts(renderings["kustomize"])
     empty = copy.deepcopy(catalogue)
