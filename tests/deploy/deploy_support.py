@@ -69,6 +69,9 @@ COMBINATIONS: dict[str, tuple[tuple[str, ...], str]] = {
     # FPGA programming: over DRA, alone and with a backend and metrics.
     "dra+programming": (("dra", "programming"), "1.34"),
     "dra+intel+programming+metrics": (("dra", "intel", "programming", "metrics"), "1.34"),
+    # Which namespaces may use which function: the admission policy and its catalogue.
+    "dra+programming+function-admission": (("dra", "programming", "function-admission"),
+                                           "1.34"),
 }
 """Combinations of components rendered, validated and checked like the shipped overlays:
 each name -> (components in the order listed, the oldest Kubernetes it is meant for)."""

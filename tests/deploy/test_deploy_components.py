@@ -49,6 +49,7 @@ EXCLUSIVE: list[tuple[set[str], str]] = [
     ({"legacy", "programming"}, "programming is DRA's, 1.34+"),
     ({"serviceaccount", "programming"}, "programming needs dra, which brings the account"),
     ({"aws-units", "programming"}, "units read no hardware: nothing to load"),
+    ({"legacy", "function-admission"}, "admission policies are 1.30+, legacy is for 1.11 to 1.20"),
 ]
 """Pairs that do not go together, and why."""
 NEEDS = {"monitoring": ("metrics",), "events": ("serviceaccount",), "programming": ("dra",)}
@@ -83,7 +84,7 @@ PAIRS = [p for p in itertools.combinations(COMPONENTS, 2) if compatible(*p)]
 def test_every_component_is_a_kustomize_component():
     assert set(COMPONENTS) >= {"cdi", "plugin-watcher", "dra", "metrics", "monitoring", "afu",
                                "alveo", "aws-units", "intel", "events", "serviceaccount",
-                               "legacy", "programming"}
+                               "legacy", "programming", "function-admission"}
     for name in COMPONENTS:
         (kustomization,) = yaml.safe_load_all((COMPONENTS_DIR / name / "kustomization.yaml")
                                               .read_text())

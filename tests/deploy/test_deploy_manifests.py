@@ -66,6 +66,8 @@ KINDS_OF = {
     "events": ["ClusterRole", "ClusterRoleBinding"],
     "metrics": ["Service"],
     "monitoring": ["ServiceMonitor", "PrometheusRule"],
+    "function-admission": ["ConfigMap", "ValidatingAdmissionPolicy",
+                           "ValidatingAdmissionPolicyBinding"],
 }
 """What each component adds besides its DaemonSet patch. Only the serviceaccount component
 (which dra brings) gives the pods an identity, and only dra and events grant it anything:
@@ -97,7 +99,7 @@ def test_kustomization_renders_one_daemonset_in_kube_system(rendered, name):
     for obj in objects:
         # Namespaced objects beside the DaemonSet; cluster-scoped ones without a namespace.
         namespaced = obj["kind"] in ("ServiceAccount", "DaemonSet", "Service", "ServiceMonitor",
-                                     "PrometheusRule")
+                                     "PrometheusRule", "ConfigMap")
         assert obj["metadata"].get("namespace") == ("kube-system" if namespaced else None), obj
     selector = ds["spec"]["selector"]["matchLabels"]
     labels = ds["spec"]["template"]["metadata"]["labels"]
