@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,13 +20,12 @@ from k8s_schemas import (
     installed_versions,
 )
 
+from tests.system_tools import KUBECTL, needs_tool
+
 
 @pytest.fixture(scope="session")
 def kubectl() -> str:
-    found = shutil.which("kubectl")
-    if found is None:
-        pytest.fail("kubectl not found: .ci/run installs one (see the comment there)")
-    return found
+    return needs_tool("kubectl", KUBECTL)
 
 
 @pytest.fixture(scope="session")
