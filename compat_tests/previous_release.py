@@ -7,7 +7,8 @@ tags, so the release is named by its commit (CHANGELOG.md ``[0.1.0]``). The tree
 extracted with ``git archive`` (a fresh clone has the full history); its wire descriptors
 are generated from its own ``protos/`` when ``grpc_tools`` is at hand, and otherwise taken
 from this tree's build for each proto that is byte-identical in both. Where git, the commit
-or a way to build its descriptors is missing, the tests that need it are skipped, saying why.
+or a way to build its descriptors is missing, the tests that need it are skipped, saying why
+(a missing git fails them under ``CI=true``, as every missing tool does: tests/system_tools.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import tarfile
 from pathlib import Path
 
 import pytest
+
+from tests.system_tools import GIT, needs_tool
 
 PREVIOUS_RELEASE = "0.1.0"
 PREVIOUS_COMMIT = "c6855bd01490b6408f057cfd4570b73fc9742f42"
@@ -36,10 +39,7 @@ def previous_release_tree(destination: Path) -> Path:
     tree = destination / f"release-{PREVIOUS_RELEASE}"
     if (tree / "plugin" / "__main__.py").exists():
         return tree
-    git = shutil.which("git")
-    if git is None:
-        pytest.skip(f"git is not installed: release {PREVIOUS_RELEASE} cannot be taken from "
-                    "history")
+    git = needs_tool("git", GIT)
     found = subprocess.run([git, "-C", str(ROOT), "cat-file", "-e",
                             f"{PREVIOUS_COMMIT}^{{commit}}"], capture_output=True)
     if found.returncode != 0:

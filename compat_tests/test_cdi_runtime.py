@@ -8,8 +8,9 @@ library v0.5.2, which reads specs up to 0.5.0 and refuses a device with nothing 
 a resource name with a dot in it used to give a 0.6.0 spec that podman answered with
 ``unresolvable CDI devices``.
 
-Needs root, podman, runc and a static busybox (the container's root filesystem); skipped
-with the reason where any is missing. ``.ci/run`` installs them.
+Needs root, podman, runc and a static busybox (the container's root filesystem); without
+root it skips, and a missing tool skips it too, naming the package, or fails it under
+``CI=true`` (tests/system_tools.py). ``.ci/install-test-tools`` installs them.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import pytest
 
 from compat_tests.fake_sysfs import FakeNode
 from tests.cdi_conformance import check
+from tests.system_tools import BUSYBOX, PODMAN, RUNC, needs_tool
 
 SPEC_DIR = Path("/var/run/cdi")
 """One of the two directories a runtime reads specs from."""
@@ -36,27 +38,24 @@ HOST_NODE = Path("/dev/dfl-port.0")
 """Where a DFL port's node is on the host; the fake tree's port 0 points the spec here."""
 
 
-def missing() -> list[str]:
-    why = []
-    if os.geteuid() != 0:
-        why.append("root")
-    why += [tool for tool in ("podman", "runc") if shutil.which(tool) is None]
-    if not Path("/bin/busybox").exists():
-        why.append("a static busybox at /bin/busybox (Debian busybox-static)")
-    return why
+pytestmark = pytest.mark.skipif(os.geteuid() != 0,
+                                reason="podman runs containers on host devices as root only")
 
 
-pytestmark = pytest.mark.skipif(
-    bool(missing()),
-    reason=f"no container runtime to read CDI specs: missing {', '.join(missing())}")
+@pytest.fixture(autouse=True)
+def podman() -> str:
+    """The runtime and its OCI runtime, looked for before anything is started."""
+    needs_tool("runc", RUNC)
+    return needs_tool("podman", PODMAN)
 
 
 @pytest.fixture
 def rootfs(tmp_path: Path) -> Path:
-    """The smallest root filesystem podman can run a shell in."""
+    """The smallest root filesystem podman can run a shell in (Debian's static busybox)."""
+    busybox = needs_tool("busybox", BUSYBOX, at=Path("/bin/busybox"))
     root = tmp_path / "rootfs"
     (root / "bin").mkdir(parents=True)
-    shutil.copy("/bin/busybox", root / "bin" / "busybox")
+    shutil.copy(busybox, root / "bin" / "busybox")
     for tool in ("sh", "test", "ls"):
         (root / "bin" / tool).symlink_to("busybox")
     return root
@@ -75,17 +74,18 @@ def host_node() -> Iterator[Path]:
         HOST_NODE.unlink(missing_ok=True)
 
 
-def run_in_container(rootfs: Path, device: str, script: str) -> subprocess.CompletedProcess:
+def run_in_container(podman: str, rootfs: Path, device: str,
+                     script: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        ["podman", "--runtime", "runc", "--cgroup-manager", "cgroupfs", "run", "--rm",
+        [podman, "--runtime", "runc", "--cgroup-manager", "cgroupfs", "run", "--rm",
          "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1000:1000", "--network", "none",
          "--device", device, "--rootfs", str(rootfs), "/bin/sh", "-c", script],
         capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
 
 
 @pytest.mark.parametrize("class_part", ["fpga", "fpga.v2"])
-async def test_podman_injects_what_serve_names(kubelet, plugin, tmp_path, rootfs, host_node,
-                                               class_part):
+async def test_podman_injects_what_serve_names(kubelet, plugin, tmp_path, podman, rootfs,
+                                               host_node, class_part):
     fake = FakeNode(tmp_path / "node")
     fake.add_dfl_card("0000:3b:00.0")
     resource = f"e2e-{uuid.uuid4().hex[:8]}.example.com/{class_part}"
@@ -104,7 +104,7 @@ async def test_podman_injects_what_serve_names(kubelet, plugin, tmp_path, rootfs
         check(written)
         assert written["cdiVersion"] == "0.5.0"
         result = await asyncio.to_thread(
-            run_in_container, rootfs, name, f"test -c {host_node}")
+            run_in_container, podman, rootfs, name, f"test -c {host_node}")
         assert result.returncode == 0, f"podman refused {name}: {result.stderr}"
     finally:
         assert await daemon.terminate() == 0

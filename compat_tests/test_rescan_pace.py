@@ -9,7 +9,6 @@ never work and log an error about it every half minute for ever.
 from __future__ import annotations
 
 import asyncio
-import shutil
 import subprocess
 import textwrap
 
@@ -18,6 +17,7 @@ import pytest
 from compat_tests.fake_sysfs import FakeNode
 from compat_tests.plugin_process import PluginProcess, run_at_start_up
 from compat_tests.test_faults_discovery import RESOURCE, SETTLE, messages, stops_promptly
+from tests.system_tools import UTIL_LINUX, needs_tool
 
 REFUSE_NETLINK = textwrap.dedent('''
     """Loaded at start-up from PYTHONPATH: netlink sockets are refused, as a seccomp
@@ -74,8 +74,7 @@ async def test_in_a_user_namespace_of_its_own_the_plugin_does_not_trust_silence(
 ) -> None:
     """A pod with ``hostUsers: false``: the uevent socket binds, and the kernel sends it
     nothing. Taking that silence for a quiet node would leave hot-plug to a 30 s rescan."""
-    if shutil.which("unshare") is None:
-        pytest.skip("unshare (util-linux) is not installed")
+    needs_tool("unshare", UTIL_LINUX)
     probe = subprocess.run(["unshare", "--user", "--map-root-user", "true"],
                            capture_output=True, text=True, timeout=30, check=False)
     if probe.returncode != 0:

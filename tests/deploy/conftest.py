@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import shutil
+import contextlib
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import monitoring_schemas
 from deploy_support import COMBINATIONS, KUSTOMIZATIONS, render, write_kustomization
 from k8s_schemas import (
     OLD_VERSIONS,
@@ -21,13 +22,37 @@ from k8s_schemas import (
     installed_versions,
 )
 
+from tests.system_tools import KUBECTL, needs_tool
+
+DOWNLOADS_FOR = ("test_deploy_monitoring.py", "test_deploy_programming.py", "test_helm_chart.py",
+                 "test_helm_parity.py", "test_helm_pools.py")
+"""Modules that check monitoring.coreos.com objects, some without the schema_sets fixture."""
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Fill the two download caches before any test's clock starts.
+
+    kubernetes-validate's 1.11-1.24 schemas (about 25 s on a fresh machine) and
+    prometheus-operator's validators (about 10 s), each four times that on a loaded machine,
+    would otherwise be paid inside the 120 s of whichever test needs them first. Both are
+    kept under the user's cache directory, so this costs nothing once they are there. A
+    download that fails here is left to the test that needs it, which then says why. Runs
+    last, after ``-k`` and ``-m`` have deselected what they will."""
+    needed = any(getattr(item, "path", Path()).name in DOWNLOADS_FOR
+                 or "schema_sets" in getattr(item, "fixturenames", ()) for item in items)
+    if not needed:
+        return
+    with contextlib.suppress(subprocess.CalledProcessError, subprocess.TimeoutExpired):
+        fetch_old_schemas()
+    with contextlib.suppress(monitoring_schemas.Unavailable, pytest.skip.Exception,
+                             pytest.fail.Exception):
+        monitoring_schemas.schemas_dir()
+
 
 @pytest.fixture(scope="session")
 def kubectl() -> str:
-    found = shutil.which("kubectl")
-    if found is None:
-        pytest.fail("kubectl not found: .ci/run installs one (see the comment there)")
-    return found
+    return needs_tool("kubectl", KUBECTL)
 
 
 @pytest.fixture(scope="session")

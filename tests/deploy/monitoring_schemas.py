@@ -16,11 +16,12 @@ import fcntl
 import json
 import os
 import re
-import shutil
 import subprocess
 from functools import cache
 from pathlib import Path
 from typing import Any
+
+from tests.system_tools import NODE, needs_tool
 
 PACKAGE = "@kubernetes-models/prometheus-operator"
 RELEASE = "6.0.0"
@@ -40,7 +41,7 @@ console.log(JSON.stringify(ok ? [] : mod.validate.errors));
 
 
 class Unavailable(Exception):
-    """npm or node is missing, or the package cannot be installed."""
+    """The package cannot be installed (a missing npm or node skips, see needs_tool)."""
 
 
 def cache_root() -> Path:
@@ -52,9 +53,7 @@ def cache_root() -> Path:
 def schemas_dir() -> Path:
     """The package's compiled validators, installed once (a lock keeps concurrent test
     processes from reading a half-written tree)."""
-    npm, node = shutil.which("npm"), shutil.which("node")
-    if npm is None or node is None:
-        raise Unavailable("npm and node are needed to check monitoring.coreos.com objects")
+    npm, _ = needs_tool("npm", NODE), needs_tool("node", NODE)
     root = cache_root()
     marker = root / ".complete"
     if not marker.exists():
@@ -103,8 +102,7 @@ def unknown_fields(value: Any, path: str = "") -> list[str]:
 
 def spec_errors(kind: str, spec: dict[str, Any]) -> list[str]:
     """What the operator's schema for ``kind``'s spec refuses."""
-    node = shutil.which("node")
-    assert node is not None
+    node = needs_tool("node", NODE)
     done = subprocess.run([node, "--input-type=module", "-e", VALIDATE, str(schemas_dir()),
                            PREFIX, kind, json.dumps(spec)],
                           capture_output=True, text=True, timeout=60, check=False)

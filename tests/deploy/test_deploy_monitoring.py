@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,8 @@ from deploy_support import (
     daemonset,
     one,
 )
+
+from tests.system_tools import PROMTOOL, needs_tool
 
 RULES_FILE = COMPONENTS_DIR / "monitoring" / "prometheusrule.yaml"
 JOB = "accelerator-device-plugin"
@@ -44,10 +45,7 @@ def objects(rendered: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def promtool() -> str:
-    found = shutil.which("promtool")
-    if found is None:
-        pytest.fail("promtool not found: .ci/run installs Debian's prometheus package")
-    return found
+    return needs_tool("promtool", PROMTOOL)
 
 
 def rule_file(rule: dict[str, Any], directory: Path, *, annotations: bool = True) -> Path:

@@ -11,7 +11,6 @@ namespace, no capability at all, no_new_privs.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -19,6 +18,8 @@ from pathlib import Path
 
 import pytest
 from deploy_support import REPO
+
+from tests.system_tools import UTIL_LINUX, needs_tool
 
 TRIGGER = Path("/sys/devices/virtual/mem/null/uevent")
 LISTENER = """
@@ -42,8 +43,7 @@ def test_a_capability_free_process_in_its_own_network_namespace_gets_device_ueve
     if os.geteuid() != 0:
         pytest.skip("needs root to create a network namespace and trigger a uevent")
     for tool in ("unshare", "setpriv"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} (util-linux) is not installed")
+        needs_tool(tool, UTIL_LINUX)
     if not os.access(TRIGGER, os.W_OK):
         pytest.skip(f"{TRIGGER} is not writable here")
     probe = subprocess.run(["unshare", "--net", "true"], capture_output=True, text=True,
