@@ -122,26 +122,23 @@ class LoaderClient:
                                          f"reached: {_said(exc)}; nothing was sent",
                              touched=False) from None
         try:
+            unsent: OSError | None = None
             try:
                 writer.write(request.encode())
                 await writer.drain()
                 writer.write_eof()
             except OSError as exc:
-                raise LoadFailed(REACH_STEP, f"the loader process at {self.path} took no "
-                                             f"request: {_said(exc)}",
-                                 touched=False) from None
+                unsent = exc  # a refusal (a peer UID not allowed) may still be there to read
             try:
                 async with asyncio.timeout(timeout):
-                    data = await reader.read(protocol.MAX_ANSWER + 1)
-                    while data and not data.endswith(b"\n") and \
-                            len(data) <= protocol.MAX_ANSWER:
-                        more = await reader.read(protocol.MAX_ANSWER + 1 - len(data))
-                        if not more:
-                            break
-                        data += more
+                    data = await _read_answer(reader)
             except (OSError, TimeoutError) as exc:
+                if unsent is not None:
+                    raise self._unsent(unsent) from None
                 raise self._lost(request, f"no answer within {timeout:g} s"
                                  if isinstance(exc, TimeoutError) else _said(exc)) from None
+            if not data and unsent is not None:
+                raise self._unsent(unsent) from None
             try:
                 answer = protocol.parse_answer(data)
             except (ValueError, UnicodeDecodeError) as exc:
@@ -153,6 +150,10 @@ class LoaderClient:
         if not answer["ok"]:
             raise LoadFailed(answer["step"], answer["detail"], touched=answer["touched"])
         return answer
+
+    def _unsent(self, exc: OSError) -> LoadFailed:
+        return LoadFailed(REACH_STEP, f"the loader process at {self.path} took no request: "
+                                      f"{_said(exc)}; nothing was loaded", touched=False)
 
     def _lost(self, request: Request, what: str) -> LoadFailed:
         if request.op == "load":
@@ -198,6 +199,20 @@ def remote_loaders(path: Path, start: bool = True) -> Mapping[str, Loader]:
     if start:
         client.start()
     return {family: RemoteLoader(client, family) for family in FAMILIES}
+
+
+async def _read_answer(reader: asyncio.StreamReader) -> bytes:
+    """To the end of the answer (its newline or the end of input), one byte past the
+    bound at most."""
+    data = bytearray()
+    while len(data) <= protocol.MAX_ANSWER:
+        chunk = await reader.read(protocol.MAX_ANSWER + 1 - len(data))
+        if not chunk:
+            break
+        data += chunk
+        if data.endswith(b"\n"):
+            break
+    return bytes(data)
 
 
 def _blocking_call(path: Path, request: Request, timeout: float) -> dict[str, Any]:

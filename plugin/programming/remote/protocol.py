@@ -75,7 +75,7 @@ def parse_request(data: bytes) -> Request:
     if len(data) > MAX_REQUEST:
         raise BadRequest(f"request is over {MAX_REQUEST} bytes")
     try:
-        body = json.loads(data.decode("utf-8"))
+        body = json.loads(data.decode("utf-8"), parse_constant=_no_constant)
     except (UnicodeDecodeError, ValueError) as exc:
         raise BadRequest(f"request is not a JSON object: {exc}") from None
     if not isinstance(body, dict):
@@ -100,6 +100,10 @@ def parse_request(data: bytes) -> Request:
                       image=body.get("image"), sha256=body.get("sha256"),
                       timeout=float(body.get("timeout", 60.0)))
     return _checked(request)
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def _checked(request: Request) -> Request:

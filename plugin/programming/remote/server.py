@@ -187,6 +187,7 @@ class _Connections:
             self._tasks.add(task)
         try:
             await self._handle(reader, writer)
+            await _linger(reader, writer)
         except Exception:
             log.exception("a loader connection failed")
         finally:
@@ -231,6 +232,22 @@ async def _read_request(reader: asyncio.StreamReader) -> bytes:
         if b"\n" in chunk:
             break
     return bytes(data)
+
+
+LINGER = 1.0
+LINGER_BYTES = 1 << 20
+
+
+async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """End the answer, then read what the peer still sends (bounded in time and bytes)
+    before closing: a unix socket closed with input unread resets the connection, and
+    the peer would lose the answer (a refusal sent before its request was read)."""
+    with contextlib.suppress(Exception):
+        writer.write_eof()
+        async with asyncio.timeout(LINGER):
+            seen = 0
+            while seen < LINGER_BYTES and (chunk := await reader.read(65536)):
+                seen += len(chunk)
 
 
 async def _send(writer: asyncio.StreamWriter, answer: bytes) -> None:
