@@ -330,3 +330,36 @@ def test_tool_loaders_are_served_too(tmp_path, node, library):
                             {"intel": Fpgaconf(tools.fpgaconf)}, library)
     answer = json.loads(asyncio.run(service.answer(load_request())))
     assert answer == {"ok": True, "loader": "fpgaconf"} and afu(node) == NLB3
+
+
+# The command line ------------------------------------------------------------------------------
+
+def test_the_loader_command_needs_its_socket(capsys):
+    from plugin.cli import config
+
+    with pytest.raises(SystemExit) as exited:
+        config.parse(["loader"])
+    assert exited.value.code == 2
+    assert "needs --loader-socket" in capsys.readouterr().err
+    settings = config.parse(["loader", "--loader-socket", "/run/l/l.sock",
+                             "--loader-allowed-uids", "0,1000", "--loader-network", "keep"])
+    assert settings.loader_allowed_uids == (0, 1000) and settings.loader_network == "keep"
+    with pytest.raises(SystemExit):
+        config.parse(["loader", "--loader-socket", "/x", "--loader-allowed-uids", "root"])
+
+
+def test_serve_loads_in_process_unless_given_the_loader_socket(tmp_path, monkeypatch, node):
+    from plugin.cli import config
+    from plugin.programming.setup import loaders_for
+
+    base = ["serve", "--programming", "on"]
+    assert isinstance(loaders_for(config.parse(base))["intel"], PortPrIoctl)
+    missing = tmp_path / "none.sock"
+    monkeypatch.setenv("ACCELERATOR_DP_LOADER_SOCKET", str(missing))
+    remote = loaders_for(config.parse(base))
+    assert sorted(remote) == ["alveo", "aws", "intel"]
+    assert all(isinstance(loader, RemoteLoader) for loader in remote.values())
+    port = {d.id: d for d in make_backend("intel", node.config()).scan()}[PORT]
+    assert f"the loader process at {missing} cannot be reached" in (
+        remote["intel"].unavailable(port) or "")
+    remote["intel"].client.stop()  # type: ignore[attr-defined]
