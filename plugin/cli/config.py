@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from api_versions.retry import RetryPolicy
+from plugin.cli.loader_flags import add_loader_flags, add_serve_loader_flag, loader_problem
 from plugin.cli.sources import CONFIG_KEY, UNSET, Option, Origin, SettingError, resolve
 from plugin.model.programming import (
     DEFAULT_MAX_IMAGE_BYTES,
@@ -108,6 +109,10 @@ class Settings:
     fpga_load_local_image: Path = Path("/usr/bin/fpga-load-local-image")
     fpga_describe_local_image: Path = Path("/usr/bin/fpga-describe-local-image")
     program_timeout: float = DEFAULT_PROGRAM_TIMEOUT
+    loader_socket: Path | None = None
+    """``serve``: the loader process's socket (None: load in-process); ``loader``: its own."""
+    loader_allowed_uids: tuple[int, ...] = (0,)
+    loader_network: str = "isolate"
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     origins: tuple[Origin, ...] = ()
     """Each setting not at its default and where it came from, for the start-up line."""
@@ -463,6 +468,7 @@ def build_parser() -> OneLineParser:
     _add_node_flags(serve)
     _add_serve_flags(serve)
     _add_programming_flag(serve)
+    add_serve_loader_flag(_EnvDefaults(serve))
     _add_common_flags(serve)
 
     discover = commands.add_parser("discover", help="print the devices that would be served")
@@ -485,13 +491,21 @@ def build_parser() -> OneLineParser:
                       help="intel: Intel cards, served by the intel backend; mixed: Intel, "
                            "AWS and Alveo cards together, served by the auto backend")
 
+    loader = commands.add_parser("loader", help="the privileged loader process: load "
+                                 "functions for serve --loader-socket, nothing else")
+    _add_config_flag(loader)
+    _add_node_flags(loader)
+    _add_programming_flag(loader)
+    add_loader_flags(_EnvDefaults(loader))
+    _add_common_flags(loader)
+
     health = commands.add_parser("healthcheck", help="exit 0 if the heartbeat file is fresh")
     env = _EnvDefaults(health)
     env.add("--heartbeat-file", default=None, convert=Path, help="file written by serve")
     env.add("--heartbeat-max-age", default=60.0, convert=MAX_AGE,
             help=f"oldest acceptable heartbeat, in seconds ({MAX_AGE.describe()})")
     parser.commands = {"serve": serve, "discover": discover, "demo": demo,
-                       "healthcheck": health}
+                       "healthcheck": health, "loader": loader}
     return parser
 
 
@@ -531,6 +545,8 @@ which ``--resource-mode afu`` groups by."""
 
 def settings_problem(settings: Settings) -> str | None:
     """What makes a combination of flags unusable, in one line; None when it is fine."""
+    if settings.command == "loader":
+        return loader_problem(settings)
     if settings.command not in ("serve", "discover"):
         return None
     if settings.resource_mode == "afu" and settings.backend not in AFU_BACKENDS:

@@ -1,4 +1,4 @@
-"""``accelerator-device-plugin serve|discover|demo|healthcheck``."""
+"""``accelerator-device-plugin serve|discover|demo|healthcheck|loader``."""
 
 from __future__ import annotations
 
@@ -159,6 +159,12 @@ def _demo_story(node: str) -> Coroutine[object, object, int]:
     return run_demo(node)
 
 
+def loader(settings: Settings) -> int:
+    from plugin.cli.loader import run_loader
+
+    return run_loader(settings, _backend(settings))
+
+
 def healthcheck(settings: Settings) -> int:
     from plugin.process.daemon import heartbeat_fresh
 
@@ -168,4 +174,5 @@ def healthcheck(settings: Settings) -> int:
     return 0 if ok else 1
 
 
-_COMMANDS = {"serve": serve, "discover": discover, "demo": demo, "healthcheck": healthcheck}
+_COMMANDS = {"serve": serve, "discover": discover, "demo": demo, "healthcheck": healthcheck,
+             "loader": loader}

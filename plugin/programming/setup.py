@@ -22,8 +22,15 @@ from plugin.programming.quarantine import Quarantine
 
 
 def loaders_for(settings: Settings) -> dict[str, Loader]:
-    """Family -> the loader the flags choose for it."""
+    """Family -> the loader the flags choose for it: for ``serve --loader-socket``, stand-ins
+    forwarding to the loader process (:mod:`plugin.programming.remote`); otherwise, and in
+    the ``loader`` process itself, the loaders that load."""
     from plugin.programming.loaders.choose import loaders
+
+    if settings.command == "serve" and settings.loader_socket is not None:
+        from plugin.programming.remote.client import remote_loaders
+
+        return dict(remote_loaders(settings.loader_socket))
 
     return loaders(intel=settings.intel_loader, dev_root=settings.dev_root,
                    fpgaconf=settings.fpgaconf, xbutil=settings.xbutil,

@@ -182,6 +182,33 @@ def container(objects: list[dict[str, Any]]) -> dict[str, Any]:
     return only
 
 
+def every_container(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The pod's containers, init and sidecar containers included."""
+    return [*spec.get("initContainers", []), *spec["containers"]]
+
+
+def loader(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    """The loader sidecar of a pod that programs FPGAs."""
+    (found,) = [c for c in pod_spec(objects).get("initContainers", []) if c["name"] == "loader"]
+    return found
+
+
+TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def token_mounts(spec: dict[str, Any]) -> set[str]:
+    """Names of the containers that see a service account token: every one, with the pod's
+    automount on; else those mounting a volume projecting one, or anything at its path."""
+    containers = every_container(spec)
+    if spec.get("automountServiceAccountToken", True):
+        return {c["name"] for c in containers}
+    tokens = {v["name"] for v in spec.get("volumes", [])
+              if any("serviceAccountToken" in source
+                     for source in v.get("projected", {}).get("sources", []))}
+    return {c["name"] for c in containers for m in c.get("volumeMounts", [])
+            if m["name"] in tokens or m["mountPath"].startswith("/var/run/secrets")}
+
+
 def env(objects: list[dict[str, Any]]) -> dict[str, str]:
     """The container's variables with a literal value."""
     return {e["name"]: e["value"] for e in container(objects)["env"] if "valueFrom" not in e}

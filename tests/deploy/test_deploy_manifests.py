@@ -27,6 +27,7 @@ from deploy_support import (
     parts,
     pod_spec,
     quantity,
+    token_mounts,
 )
 from k8s_schemas import SchemaSet, validate, validate_or_fall_back
 
@@ -176,7 +177,13 @@ def test_pod_has_no_host_namespaces_and_no_service_account_token(rendered, name)
         # the node from.
         (account,) = [o for o in rendered[name] if o["kind"] == "ServiceAccount"]
         assert spec["serviceAccountName"] == account["metadata"]["name"] != "default"
-        assert spec["automountServiceAccountToken"] is True
+        if "programming" in parts(name):
+            # The token is the driver container's alone: a projected volume mounted into
+            # it, the pod's automount off, so the privileged loader gets none.
+            assert spec["automountServiceAccountToken"] is False
+            assert token_mounts(spec) == {"accelerator-device-plugin"}
+        else:
+            assert spec["automountServiceAccountToken"] is True
     else:
         assert spec["automountServiceAccountToken"] is False
         assert "serviceAccountName" not in spec
@@ -185,17 +192,10 @@ def test_pod_has_no_host_namespaces_and_no_service_account_token(rendered, name)
 @pytest.mark.parametrize("name", ALL)
 def test_container_security_context(rendered, name):
     security = container(rendered[name])["securityContext"]
-    if "programming" in parts(name):
-        # Loading a function writes to device nodes only privileged admits (the programming
-        # component says why); the API server refuses privileged without escalation, and a
-        # privileged container has every capability, so no list pretends otherwise.
-        assert security["privileged"] is True
-        assert security["allowPrivilegeEscalation"] is True
-        assert "capabilities" not in security
-    else:
-        assert security["allowPrivilegeEscalation"] is False
-        assert security.get("privileged", False) is False
-        assert security["capabilities"] == {"drop": ["ALL"]}
+    # The driver is hardened with programming too: loading is the loader container's.
+    assert security["allowPrivilegeEscalation"] is False
+    assert security.get("privileged", False) is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
     assert security["readOnlyRootFilesystem"] is True
     # Root on purpose (the kubelet's directory is root's), and said so explicitly.
     assert security["runAsUser"] == 0 and security["runAsNonRoot"] is False
@@ -241,7 +241,14 @@ def test_mounts_are_read_only_except_the_device_plugin_directory(rendered, name)
     spec = pod_spec(rendered[name])
     volumes = {v["name"]: v for v in spec["volumes"]}
     mounts = container(rendered[name])["volumeMounts"]
-    assert {m["name"] for m in mounts} == set(volumes), "every volume mounted, and only once"
+    if "programming" in parts(name):
+        # The driver mounts the socket directory read-only and the token; the loader
+        # mounts the socket directory writable and the node's trees (checked with it).
+        assert {m["name"] for m in mounts} | {"loader-socket"} == set(volumes)
+        assert volumes.pop("api-access")["projected"]
+        mounts = [m for m in mounts if m["name"] != "api-access"]
+    else:
+        assert {m["name"] for m in mounts} == set(volumes), "every volume mounted, once"
     for mount in mounts:
         volume = volumes[mount["name"]]
         if "hostPath" in volume:
@@ -255,8 +262,11 @@ def test_mounts_are_read_only_except_the_device_plugin_directory(rendered, name)
             assert volume["hostPath"]["type"] == expected, source
             assert "mountPropagation" not in mount
         else:
-            # Writable scratch only in memory and only for the heartbeat.
+            # Writable scratch only in memory and only for the heartbeat (and, read-only
+            # here, the loader's socket directory).
             assert volume["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Mi"}
+            if mount["name"] == "loader-socket":
+                assert mount["readOnly"] is True
     plugin_dir = [m for m in mounts if volumes[m["name"]].get("hostPath", {}).get("path")
                   == PLUGIN_DIR]
     assert [m["mountPath"] for m in plugin_dir] == [PLUGIN_DIR]

@@ -1,8 +1,9 @@
 """FPGA programming as deployed: the programming component and the chart's ``programming``
-values give the pod the same settings, the image library and tool directories read-only and
-the privilege loading needs, only over DRA; the example DeviceClasses are valid objects of
-every release with resource.k8s.io/v1 and carry the function as the driver's opaque
-configuration.
+values give the pod the same settings, the image library and tool directories read-only,
+and a second container, the loader, the only privileged one, with no token, reached over a
+socket directory only the two containers share; the driver stays hardened; only over DRA;
+the example DeviceClasses are valid objects of every release with resource.k8s.io/v1 and
+carry the function as the driver's opaque configuration.
 
 What the classes select among published devices is checked with a real CEL evaluator in
 compat_tests/test_allocate.py; what a real node allows a privileged pod to do with its FME
@@ -12,21 +13,28 @@ node, xbutil and an F1 slot only a real cluster shows (docs/deploying.md).
 from __future__ import annotations
 
 import copy
+import os
 import re
+from pathlib import PurePosixPath
 from typing import Any
 
 import pytest
+import yaml
 from deploy_support import (
     IMAGE_LIBRARY,
     PROGRAMMING_FLAGS,
     REPO,
+    TOKEN_DIR,
     container,
     daemonset,
     env,
+    every_container,
     load_yaml_file,
+    loader,
     minor,
     pod_spec,
     render,
+    token_mounts,
 )
 from helm_render import HelmRefused, config_file, example_values, of_kind, one
 from helm_render import render as helm_render
@@ -55,6 +63,7 @@ HEX32 = re.compile(r"^[0-9a-f]{32}$")
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 AGFI = re.compile(r"^agfi-[0-9a-f]{17}$")
 ENABLED = {"config": {"api": "auto"}, "programming": {"enabled": True}}
+LOADER_SOCKET = "/run/accelerator-loader/loader.sock"
 
 
 @pytest.fixture(scope="module")
@@ -170,29 +179,124 @@ def test_the_chart_example_renders_the_kustomize_nlb0_class():
 # --- the programming component -------------------------------------------------------------
 
 
-def test_component_adds_the_settings_the_library_and_privilege_only(programmed, rendered):
+def test_component_adds_the_settings_the_library_the_loader_and_nothing_else(programmed,
+                                                                           rendered):
     dra = rendered["dra"]
     added = {k: v for k, v in env(programmed).items() if env(dra).get(k) != v}
+    assert added.pop("ACCELERATOR_DP_LOADER_SOCKET") == LOADER_SOCKET
     assert added == {config._env(f"--{k}"): _text(v) for k, v in DEFAULTS.items()
                      if config._env(f"--{k}") in added}
     assert {"ACCELERATOR_DP_PROGRAMMING", "ACCELERATOR_DP_IMAGE_LIBRARY"} <= set(added)
     spec, before = pod_spec(programmed), pod_spec(dra)
-    new_volumes = [v for v in spec["volumes"] if v not in before["volumes"]]
-    assert new_volumes == [{"name": "image-library", "hostPath": {
-        "path": IMAGE_LIBRARY, "type": "DirectoryOrCreate"}}]
+    new_volumes = {v["name"]: v for v in spec["volumes"] if v not in before["volumes"]}
+    assert sorted(new_volumes) == ["api-access", "image-library", "loader-socket"]
+    assert new_volumes["image-library"] == {"name": "image-library", "hostPath": {
+        "path": IMAGE_LIBRARY, "type": "DirectoryOrCreate"}}
+    assert new_volumes["loader-socket"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Mi"}
     mounts = {m["name"]: m for m in container(programmed)["volumeMounts"]}
     assert mounts["image-library"] == {"name": "image-library", "mountPath": IMAGE_LIBRARY,
                                        "readOnly": True}
-    # The device nodes stay read-only: a read-only mount does not stop a device write.
-    assert mounts["dev"]["readOnly"] is True
-    # Nothing else of the pod changes but the container's privilege.
+    assert mounts["loader-socket"]["readOnly"] is True
+    assert mounts["api-access"] == {"name": "api-access", "mountPath": TOKEN_DIR,
+                                    "readOnly": True}
+    # Nothing else of the driver's pod changes: not its privilege, above all.
     stripped = copy.deepcopy(daemonset(programmed))
-    c = stripped["spec"]["template"]["spec"]["containers"][0]
-    c["env"] = [e for e in c["env"] if e["name"] not in added]
-    c["volumeMounts"] = [m for m in c["volumeMounts"] if m["name"] != "image-library"]
-    stripped["spec"]["template"]["spec"]["volumes"] = before["volumes"]
-    c["securityContext"] = container(dra)["securityContext"]
+    template = stripped["spec"]["template"]["spec"]
+    c = template["containers"][0]
+    c["env"] = [e for e in c["env"] if e["name"] not in added and
+                e["name"] != "ACCELERATOR_DP_LOADER_SOCKET"]
+    c["volumeMounts"] = [m for m in c["volumeMounts"] if m["name"] not in new_volumes]
+    template["volumes"] = before["volumes"]
+    del template["initContainers"]
+    template["automountServiceAccountToken"] = True
     assert stripped == daemonset(dra)
+
+
+def _both(programmed: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """The pod spec the component gives and the one the chart's example gives."""
+    chart = one(helm_render(example_values("programming")), "DaemonSet")
+    return [("kustomize", pod_spec(programmed)), ("chart", chart["spec"]["template"]["spec"])]
+
+
+def test_the_loader_is_the_only_privileged_container_and_has_no_token(programmed):
+    for source, spec in _both(programmed):
+        privileged = {c["name"] for c in every_container(spec)
+                      if c.get("securityContext", {}).get("privileged")}
+        assert privileged == {"loader"}, source
+        assert token_mounts(spec) == {"accelerator-device-plugin"}, source
+        (driver,) = spec["containers"]
+        security = driver["securityContext"]
+        assert security["privileged"] is False and security["allowPrivilegeEscalation"] is False
+        assert security["capabilities"] == {"drop": ["ALL"]}
+        assert security["readOnlyRootFilesystem"] is True
+        (sidecar,) = spec["initContainers"]
+        assert sidecar["restartPolicy"] == "Always", "a native sidecar, up before the driver"
+        assert sidecar["args"] == ["loader"]
+        assert sidecar["image"] == driver["image"]
+        assert sidecar["securityContext"]["readOnlyRootFilesystem"] is True
+        assert not any(field in spec for field in ("hostNetwork", "hostPID", "hostIPC"))
+
+
+def test_only_the_two_containers_share_the_socket_directory(programmed):
+    for source, spec in _both(programmed):
+        (driver,) = spec["containers"]
+        (sidecar,) = spec["initContainers"]
+        found = {}
+        for c in (driver, sidecar):
+            (mount,) = [m for m in c["volumeMounts"] if m["name"] == "loader-socket"]
+            variables = {e["name"]: e.get("value") for e in c["env"]}
+            socket_dir = str(PurePosixPath(variables["ACCELERATOR_DP_LOADER_SOCKET"]).parent)
+            assert mount["mountPath"] == socket_dir, source
+            found[c["name"]] = mount.get("readOnly", False)
+        assert found == {"accelerator-device-plugin": True, "loader": False}, source
+
+
+def test_the_loader_discovers_and_reads_what_the_driver_does(rendered):
+    for name in ("dra+programming", "dra+intel+programming+metrics"):
+        objects = rendered[name]
+        variables = {e["name"]: e.get("value") for e in loader(objects)["env"]}
+        for key in ("ACCELERATOR_DP_BACKEND", "ACCELERATOR_DP_SYSFS_ROOT",
+                    "ACCELERATOR_DP_DEV_ROOT", "ACCELERATOR_DP_IMAGE_LIBRARY",
+                    "ACCELERATOR_DP_IMAGE_MAX_BYTES", "ACCELERATOR_DP_INTEL_LOADER"):
+            assert variables[key] == env(objects)[key], (name, key)
+        driver_mounts = {m["mountPath"]: m for m in container(objects)["volumeMounts"]}
+        for mount in loader(objects)["volumeMounts"]:
+            if mount["mountPath"].startswith("/host/") or mount["name"] == "image-library":
+                assert driver_mounts[mount["mountPath"]] == mount, (name, mount)
+    assert {e["name"]: e.get("value") for e in loader(rendered["dra+intel+programming+metrics"])[
+        "env"]}["ACCELERATOR_DP_BACKEND"] == "intel"
+
+
+def _loader_settings(variables: dict[str, str], args: list[str]) -> config.Settings:
+    saved = dict(os.environ)
+    try:
+        os.environ.clear()
+        os.environ.update(variables)
+        return config.parse(args)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def test_the_loader_containers_settings_parse(programmed, tmp_path):
+    """What the loader is given (variables, and the chart's config.yaml) is read by the
+    real parser without error, and says what the pod means."""
+    variables = {e["name"]: e["value"] for e in loader(programmed)["env"]}
+    settings = _loader_settings(variables, loader(programmed)["args"])
+    assert settings.command == "loader" and settings.loader_allowed_uids == (0,)
+    assert str(settings.loader_socket) == LOADER_SOCKET
+    assert settings.loader_network == "isolate" and str(settings.image_library) == IMAGE_LIBRARY
+    chart = helm_render(example_values("programming"))
+    ds = one(chart, "DaemonSet")
+    (sidecar,) = ds["spec"]["template"]["spec"]["initContainers"]
+    file = tmp_path / "config.yaml"
+    file.write_text(yaml.safe_dump(config_file(chart, ds)))
+    variables = {e["name"]: e["value"] for e in sidecar["env"]}
+    variables["ACCELERATOR_DP_CONFIG"] = str(file)
+    settings = _loader_settings(variables, sidecar["args"])
+    assert str(settings.loader_socket) == LOADER_SOCKET
+    assert settings.intel_loader == "ioctl" and settings.backend == config_file(chart, ds).get(
+        "backend", "auto")
 
 
 def test_component_and_chart_give_serve_the_same_programming_settings(programmed):
@@ -245,8 +349,12 @@ def test_values_flow_into_config_yaml_and_mounts():
         "program-timeout": 300}
     spec = ds["spec"]["template"]["spec"]
     volumes = {v["name"]: v for v in spec["volumes"]}
+    # The tools are the loader's: the driver runs none.
     host = {m["mountPath"]: (volumes[m["name"]]["hostPath"], m.get("readOnly", False))
-            for m in spec["containers"][0]["volumeMounts"] if "hostPath" in volumes[m["name"]]}
+            for m in spec["initContainers"][0]["volumeMounts"]
+            if "hostPath" in volumes[m["name"]]}
+    assert not {"/opt/opae", "/opt/xilinx/xrt"} & {
+        m["mountPath"] for m in spec["containers"][0]["volumeMounts"]}
     assert host["/srv/fpga-images"] == ({"path": "/srv/fpga-images",
                                          "type": "DirectoryOrCreate"}, True)
     for tools in ("/opt/opae", "/opt/xilinx/xrt"):
@@ -305,8 +413,9 @@ def test_kubernetes_refuses_privileged_without_escalation(programmed):
     """Why the component sets allowPrivilegeEscalation true: the API server refuses
     privileged with it false (k/k ``ValidateSecurityContext``). The schemas do not say so,
     so the rule is written out here and checked on what both renderings give."""
-    for security in (container(programmed)["securityContext"],
+    for security in (loader(programmed)["securityContext"],
                      one(helm_render(example_values("programming")), "DaemonSet")[
-                         "spec"]["template"]["spec"]["containers"][0]["securityContext"]):
+                         "spec"]["template"]["spec"]["initContainers"][0]["securityContext"]):
+        assert security["privileged"] is True
         assert not (security.get("privileged") and
                     security.get("allowPrivilegeEscalation") is False)

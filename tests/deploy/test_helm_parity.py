@@ -286,7 +286,7 @@ def test_pods_are_hardened_as_the_overlays_are(rendered, name):
     overlay_mounts = set().union(*(_host_mounts(daemonset(objects))
                                    for objects in rendered.values()))
     programming = example_values(name).get("programming", {}).get("enabled", False)
-    # Programming makes the container privileged, as the programming component does.
+    # The driver container is hardened alike with programming on (the loader is privileged).
     hardened = container([daemonset(rendered["dra+programming" if programming else "base"])])
     for ds in pools(render(example_values(name))):
         spec = ds["spec"]["template"]["spec"]

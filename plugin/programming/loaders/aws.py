@@ -113,6 +113,10 @@ class AwsFpgaSdk:
         problem = self.unavailable(device)
         if problem is not None:
             raise LoadFailed(LOAD_STEP, problem, touched=False)
+        if job.sha256 is not None:
+            raise LoadFailed(LOAD_STEP, f"{device.id}: an AFI is loaded by its ID from AWS, "
+                                        "not from bytes on this node, so a sha256 cannot be "
+                                        "checked; pin the AGFI alone", touched=False)
         agfi = job.function_id.strip().lower()
         if not AGFI.fullmatch(agfi):
             raise LoadFailed(LOAD_STEP, f"{device.id}: {job.function_id!r} is not an AGFI "

@@ -12,13 +12,14 @@ the load is refused with ``touched=False``: the card still holds what it held.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import BinaryIO
 
 from plugin.model.devices import Device
-from plugin.programming.gbs import GbsImage, parse_gbs
+from plugin.programming.gbs import GbsImage, parse_gbs, read_gbs
 from plugin.programming.image_checks import check_gbs_fits, check_xclbin_fits
 from plugin.programming.library import ImageLibrary
 from plugin.programming.loaders.base import LoadFailed, LoadJob
-from plugin.programming.xclbin import XclbinImage
+from plugin.programming.xclbin import XclbinImage, read_xclbin
 
 CHECK_STEP = "check image"
 
@@ -42,22 +43,28 @@ def gbs_from_bytes(job: LoadJob, data: bytes | bytearray) -> GbsImage:
     return _checked_gbs(job, replace(gbs, bitstream_length=len(data) - gbs.bitstream_offset))
 
 
-def read_checked_gbs(job: LoadJob) -> GbsImage:
-    """The job's GBS header read from the library, checked as :func:`gbs_from_bytes` does."""
-    library, name = image_source(job)
+def checked_gbs_in(job: LoadJob, stream: BinaryIO, size: int) -> GbsImage:
+    """The GBS header of the ``size``-byte copy open in ``stream`` (the bytes a tool will
+    load), checked as :func:`gbs_from_bytes` does."""
     try:
-        gbs = library.read_gbs(name)
-    except ValueError as exc:
-        raise LoadFailed(CHECK_STEP, f"{job.device.id}: {exc}", touched=False) from None
+        gbs = read_gbs(stream, size)
+    except (ValueError, OSError) as exc:
+        raise LoadFailed(CHECK_STEP, f"{job.device.id}: image {job.image!r}: {exc}",
+                         touched=False) from None
     return _checked_gbs(job, gbs)
 
 
-def read_checked_xclbin(job: LoadJob) -> XclbinImage:
-    """The job's xclbin, refused unless it is the job's function and fits the device's
-    shell (:func:`~plugin.programming.image_checks.check_xclbin_fits`)."""
-    library, name = image_source(job)
+def checked_xclbin_in(job: LoadJob, stream: BinaryIO, size: int) -> XclbinImage:
+    """The xclbin of the ``size``-byte copy open in ``stream``, refused unless it is the
+    job's function and fits the device's shell
+    (:func:`~plugin.programming.image_checks.check_xclbin_fits`)."""
+    name = job.image or ""
     try:
-        xclbin = library.read_xclbin(name)
+        xclbin = read_xclbin(stream, size)
+    except (ValueError, OSError) as exc:
+        raise LoadFailed(CHECK_STEP, f"{job.device.id}: image {name!r}: {exc}",
+                         touched=False) from None
+    try:
         check_xclbin_fits(name, xclbin, job.function_id, job.device)
     except ValueError as exc:
         raise LoadFailed(CHECK_STEP, f"{job.device.id}: {exc}", touched=False) from None

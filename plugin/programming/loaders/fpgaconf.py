@@ -25,9 +25,10 @@ it stopped: 1 arguments, 2 reading the GBS, 3 enumeration, 4 no matching FPGA at
 address ("No suitable slots found."), 5 programming failed or several matches, 6-8 the
 properties set from the arguments. Its messages go to stderr and are quoted in the error.
 
-The GBS is checked here first (interface, AFU ID) as for every loader; fpgaconf then reads
-the file again by path, so a library whose files change under a running load is the
-administrator's race, as it is for any tool.
+The GBS is checked here first (interface, AFU ID, the pinned digest) as for every loader,
+on a sealed in-memory copy that fpgaconf is then given as ``/proc/self/fd/N``
+(:mod:`.sealed`): fpgaconf loads exactly the bytes that were checked, whatever happens to
+the library file meanwhile.
 """
 
 from __future__ import annotations
@@ -37,21 +38,21 @@ from pathlib import Path
 from plugin.discovery.backends.pci import parse_bdf
 from plugin.model.devices import Device
 from plugin.programming.loaders.base import LoadJob
-from plugin.programming.loaders.checks import read_checked_gbs
+from plugin.programming.loaders.checks import checked_gbs_in
 from plugin.programming.loaders.tools import load_library_image, tool_problem
 
 FLAG = "--fpgaconf"
 STEP = "fpgaconf"
 
 
-def fpgaconf_args(pci_address: str, image: Path) -> list[str]:
+def fpgaconf_args(pci_address: str, image: str) -> list[str]:
     """fpgaconf's arguments selecting the card at ``pci_address`` (``dddd:bb:dd.f``)."""
     address = parse_bdf(pci_address)
     if address is None:
         raise ValueError(f"{pci_address!r} is not a PCI address")
     return ["--segment", f"0x{address.domain:04x}", "--bus", f"0x{address.bus:02x}",
             "--device", f"0x{address.device:02x}", "--function", f"0x{address.function:x}",
-            str(image)]
+            image]
 
 
 class Fpgaconf:
@@ -80,5 +81,5 @@ class Fpgaconf:
         return None  # the port's afu_id, which discovery reads, tells
 
     async def load(self, job: LoadJob) -> None:
-        await load_library_image(job, self.unavailable(job.device), read_checked_gbs, self.path,
+        await load_library_image(job, self.unavailable(job.device), checked_gbs_in, self.path,
                                  fpgaconf_args, STEP, FLAG)

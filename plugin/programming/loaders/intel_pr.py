@@ -52,9 +52,10 @@ them too), does not clear the port's error register first, and does not open the
 exclusively to see that no process uses it: the caller holds the card for the claim.
 
 The file is read once, through the image library (its containment checks), and the very
-bytes read are checked (interface, AFU ID) and loaded, so the image cannot change between
-check and load. The blocking ioctl runs in a worker thread that owns the descriptor and the
-buffer until the kernel returns, even if the load is cancelled meanwhile.
+bytes read are hashed (against the digest the job pins), checked (interface, AFU ID) and
+loaded, so the image cannot change between check and load. The blocking ioctl runs in a
+worker thread that owns the descriptor and the buffer until the kernel returns, even if the
+load is cancelled meanwhile.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from plugin.model.devices import Device
+from plugin.programming.digest import DIGEST_STEP, mismatch, sha256_of_bytes
 from plugin.programming.loaders.base import LoadFailed, LoadJob
 from plugin.programming.loaders.checks import (
     CHECK_STEP,
@@ -180,6 +182,11 @@ class PortPrIoctl:
         assert abi is not None  # unavailable() said so
         port = int(device.attrs["port_number"])
         data = await asyncio.to_thread(_read_image, job)
+        if job.sha256 is not None:
+            digest = await asyncio.to_thread(sha256_of_bytes, data)
+            if digest != job.sha256:
+                raise LoadFailed(DIGEST_STEP, mismatch(job.image or "", job.sha256, digest),
+                                 touched=False)
         gbs = gbs_from_bytes(job, data)
         if gbs.bitstream_length > MAX_BUFFER:
             raise LoadFailed(CHECK_STEP, f"{device.id}: image {job.image!r} has a "

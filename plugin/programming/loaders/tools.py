@@ -8,6 +8,10 @@ own so that a timeout kills the tool and every child it started (``xbutil`` and 
 tools fork helpers) rather than leaving them holding the card, with stdin closed so a
 prompt cannot hang it. Only the last few KiB of what it prints are kept: enough for its
 error message, never a tool's megabytes of progress output in memory.
+
+A library image is never handed to a tool by its library path, which the tool would read
+again after the checks: it gets a sealed in-memory copy of the bytes that were checked and
+hashed (:mod:`.sealed`), so a file replaced in between cannot load unvetted bytes.
 """
 
 from __future__ import annotations
@@ -20,9 +24,10 @@ import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from plugin.programming.loaders.base import LoadFailed, LoadJob
-from plugin.programming.loaders.checks import CHECK_STEP, image_source
+from plugin.programming.loaders.sealed import sealed_copy
 
 OUTPUT_TAIL_BYTES = 4096
 """What is kept of each of a tool's output streams: the end, where its error is."""
@@ -63,7 +68,7 @@ def tool_problem(path: Path, flag: str) -> str | None:
 
 
 async def run_tool(path: Path, args: list[str], *, step: str, flag: str,
-                   timeout: float) -> ToolOutput:
+                   timeout: float, pass_fds: tuple[int, ...] = ()) -> ToolOutput:
     """Run ``path args...``; its output once it exits, whatever its status.
 
     :class:`LoadFailed` (``touched=False``) when the tool cannot be started, and
@@ -77,7 +82,7 @@ async def run_tool(path: Path, args: list[str], *, step: str, flag: str,
         process = await asyncio.create_subprocess_exec(
             str(path), *args, stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            start_new_session=True, env=_environment())
+            start_new_session=True, env=_environment(), pass_fds=pass_fds)
     except OSError as exc:
         raise LoadFailed(step, f"{path} could not be started: {exc.strerror} (set its path "
                                f"with {flag})", touched=False) from None
@@ -148,22 +153,22 @@ async def _kill(process: asyncio.subprocess.Process) -> None:
 
 
 async def load_library_image(job: LoadJob, problem: str | None,
-                             check: Callable[[LoadJob], object], tool: Path,
-                             args_for: Callable[[str, Path], list[str]], step: str,
+                             check: Callable[[LoadJob, BinaryIO, int], object], tool: Path,
+                             args_for: Callable[[str, str], list[str]], step: str,
                              flag: str) -> None:
     """What every loader that hands a vendor tool a library file does: refuse (untouched)
-    when the loader's ``problem`` or the image's ``check`` says so, resolve the file inside
-    the library, run ``tool`` with ``args_for(pci_address, path)``, and fail with its own
-    words when it exits non-zero."""
+    when the loader's ``problem`` says so; copy the image once into sealed memory, hashing
+    it (:mod:`.sealed`: refused when the job pins another digest); refuse when the
+    ``check`` of that copy's header says so; run ``tool`` with ``args_for(pci_address,
+    path of the copy)``, the copy's descriptor passed down; fail with the tool's own words
+    when it exits non-zero."""
     if problem is not None:
         raise LoadFailed(step, problem, touched=False)
-    check(job)
-    library, name = image_source(job)
-    try:
-        image = library.resolve(name)
-    except ValueError as exc:
-        raise LoadFailed(CHECK_STEP, f"{job.device.id}: {exc}", touched=False) from None
-    output = await run_tool(tool, args_for(job.device.attrs["pci_address"], image), step=step,
-                            flag=flag, timeout=job.timeout)
+    with sealed_copy(job) as image:
+        with image.stream() as stream:
+            check(job, stream, image.size)
+        output = await run_tool(tool, args_for(job.device.attrs["pci_address"], image.path),
+                                step=step, flag=flag, timeout=job.timeout,
+                                pass_fds=(image.fd,))
     if output.returncode != 0:
         raise LoadFailed(step, failure(tool, output))

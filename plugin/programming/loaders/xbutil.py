@@ -13,7 +13,8 @@ inUserDomain=true)``), ``--user``/``-u`` the xclbin. On success it prints
 ``ERROR: ...`` and exits 1 (``xbutil.cpp`` ``main``). XRT checks the image against the
 shell itself; this loader checks first, so a wrong image is refused without running the
 tool: the xclbin's UUID must be the requested one, and when the image names a PR interface
-the shell's ``interface_uuids`` must include it.
+the shell's ``interface_uuids`` must include it. XRT is given the sealed in-memory copy
+of the checked bytes as ``/proc/self/fd/N`` (:mod:`.sealed`), never the library path.
 """
 
 from __future__ import annotations
@@ -23,16 +24,16 @@ from pathlib import Path
 from plugin.discovery.backends.pci import parse_bdf
 from plugin.model.devices import Device
 from plugin.programming.loaders.base import LoadJob
-from plugin.programming.loaders.checks import read_checked_xclbin
+from plugin.programming.loaders.checks import checked_xclbin_in
 from plugin.programming.loaders.tools import load_library_image, tool_problem
 
 FLAG = "--xbutil"
 STEP = "xbutil program"
 
 
-def xbutil_args(pci_address: str, image: Path) -> list[str]:
+def xbutil_args(pci_address: str, image: str) -> list[str]:
     """``xbutil``'s arguments loading ``image`` onto the user function ``pci_address``."""
-    return ["program", "--device", pci_address, "--user", str(image)]
+    return ["program", "--device", pci_address, "--user", image]
 
 
 class Xbutil:
@@ -55,5 +56,5 @@ class Xbutil:
         return None  # xocl's xclbinuuid, which discovery reads, tells
 
     async def load(self, job: LoadJob) -> None:
-        await load_library_image(job, self.unavailable(job.device), read_checked_xclbin, self.path,
+        await load_library_image(job, self.unavailable(job.device), checked_xclbin_in, self.path,
                                  xbutil_args, STEP, FLAG)
