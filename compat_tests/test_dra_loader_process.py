@@ -219,3 +219,25 @@ async def test_a_hung_loader_is_a_bounded_error_and_the_device_quarantined(
             assert world.plugin.alive
     finally:
         hung.close()
+
+
+async def test_a_loader_that_comes_later_makes_the_devices_programmable_without_a_rescan(
+        tmp_path: Path, sockdir: Path, logdir: Path, loader_socket: Path) -> None:
+    """The published ``programmable`` follows the loader's own word (its inventory), not
+    only changes of the devices: none of them changes here."""
+    async with world_with(tmp_path, sockdir, logdir, loader_socket, False) as (world, _):
+        assert world.published()[DFL_PORT]["programmable"] is False
+        loader = LoaderProcess([
+            "--backend", "auto", "--sysfs-root", str(world.node.sysfs_root), "--dev-root",
+            str(world.node.dev_root), "--image-library", str(world.library),
+            "--loader-socket", str(loader_socket), "--intel-loader", "fpgaconf",
+            "--fpgaconf", str(world.tools.fpgaconf),
+            "--loader-allowed-uids", str(os.geteuid())], logdir / "loader-late.log")
+        try:
+            await until(lambda: world.published()[DFL_PORT]["programmable"] is True,
+                        "programmable published once the loader answers", 25.0)
+            result = await world.prepare(world.claim("nlb3", DFL_PORT,
+                                                     function(afuID=NLB3_AFU_ID, image=IMAGE)))
+            assert result.ok, result.error
+        finally:
+            loader.stop()

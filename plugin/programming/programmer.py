@@ -91,6 +91,12 @@ class Programmer:
         self.records = records or LoadRecords(None)
         """What was loaded onto each device, from which bytes, for ``discover``."""
         self.loaders = dict(loaders)
+        self.on_loaders_changed: Callable[[], None] = lambda: None
+        """Called (from any thread) when :meth:`generation` changes."""
+        for loader in self.loaders.values():
+            watch = getattr(loader, "watch", None)
+            if watch is not None:
+                watch(self._loaders_changed)
         self.checks = checks
         self.quarantine = quarantine
         self.timeout = timeout
@@ -119,6 +125,15 @@ class Programmer:
 
     def programmable(self, device: Device) -> bool:
         return self.unavailable(device) is None
+
+    def generation(self) -> tuple[int, ...]:
+        """Changes whenever a loader's own word on which devices it can program changes
+        (a loader process's inventory): a cache of ``programmable`` keys on it."""
+        return tuple(getattr(loader, "generation", 0) for loader in self.loaders.values())
+
+    def _loaders_changed(self) -> None:
+        """A loader's word changed (told from its own thread)."""
+        self.on_loaders_changed()
 
     # -- the device feed and the socket -------------------------------------------------
 

@@ -27,7 +27,7 @@ import json
 import logging
 import socket
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,21 @@ class LoaderClient:
         self._problem: str | None = "the loader's inventory has not been read yet"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.generation = 0
+        """Counts changes of what the inventory says, so a cache of the published
+        ``programmable`` attribute knows when it is stale."""
+        self._watchers: list[Callable[[], None]] = []
+
+    def watch(self, changed: Callable[[], None]) -> None:
+        """Call ``changed`` (from the inventory thread: it must be thread-safe) whenever
+        what the inventory says changes; once, however many families ask."""
+        if changed not in self._watchers:
+            self._watchers.append(changed)
+
+    def _changed(self) -> None:
+        self.generation += 1
+        for changed in list(self._watchers):
+            changed()
 
     # -- the inventory -------------------------------------------------------------------
 
@@ -86,14 +101,17 @@ class LoaderClient:
             problem = f"the loader process at {self.path} cannot be reached: {_said(exc)}"
             if problem != self._problem:
                 log.warning("%s; no device is programmable until it answers", problem)
-            self._problem = problem
+                self._problem = problem
+                self._changed()
             return
         if self._problem is not None:
             log.info("the loader process at %s answers: %d device(s), %d programmable",
                      self.path, len(devices), sum(1 for v in devices.values() if v is None))
-        self._inventory = {str(k): (None if v is None else str(v)) for k, v in devices.items()}
-        self._names = {str(k): str(v) for k, v in names.items()}
-        self._problem = None
+        inventory = {str(k): (None if v is None else str(v)) for k, v in devices.items()}
+        found = {str(k): str(v) for k, v in names.items()}
+        if (inventory, found, None) != (self._inventory, self._names, self._problem):
+            self._inventory, self._names, self._problem = inventory, found, None
+            self._changed()
 
     def _poll(self) -> None:
         while not self._stop.wait(self.interval):
@@ -175,6 +193,13 @@ class RemoteLoader:
     @property
     def name(self) -> str:
         return self.client.name(self.family)
+
+    @property
+    def generation(self) -> int:
+        return self.client.generation
+
+    def watch(self, changed: Callable[[], None]) -> None:
+        self.client.watch(changed)
 
     def unavailable(self, device: Device) -> str | None:
         if device.backend != self.family:

@@ -24,6 +24,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from api_versions.claim_status import status_apply
@@ -148,6 +149,7 @@ class DraDriver:
         self._pool: Pool | None = None
         self._pool_devices: object = None
         self._pool_held: object = None
+        self._pool_programmable: object = None
         self._preparer: ClaimPreparer | None = None
         self._health: HealthBroadcaster | None = None
         self._status: ClaimStatusReporter | None = None
@@ -159,14 +161,16 @@ class DraDriver:
     def pool(self) -> Pool:
         """The pool of the devices now (cached per device set)."""
         devices = self.feed.current
+        programmable = self.programmer.generation() if self.programmer is not None else ()
         if self._pool is None or self._pool_devices is not devices \
-                or self._pool_held is not self.held:
+                or self._pool_held is not self.held or self._pool_programmable != programmable:
             held = {device_id: DEVICE_PLUGIN for device_id in self.held.devices}
             self._pool = pool_of(self.place.driver, self.place.node, devices, held=held,
                                  programmable=self.programmer.programmable
                                  if self.programmer is not None else never)
             self._pool_devices = devices
             self._pool_held = self.held
+            self._pool_programmable = programmable
         return self._pool
 
     def device_names(self) -> Mapping[str, str]:
@@ -284,6 +288,10 @@ class DraDriver:
         assert self._api is not None and self.service is not None, "serve_kubelet first"
         publisher = SlicePublisher(self._api, self.place.node, self.place.driver, self.build)
         self.publisher = publisher
+        if self.programmer is not None:  # a loader process's word changed: republish
+            self.programmer.on_loaders_changed = partial(
+                asyncio.get_running_loop().call_soon_threadsafe,
+                lambda: self._holds_changed(self.held))
         service, preparer, status = self.service, self._preparer, self._status
 
         async def publish() -> None:
