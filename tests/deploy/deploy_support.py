@@ -81,7 +81,8 @@ IMPLIES = {"dra": ("serviceaccount",)}
 
 IMAGE_LIBRARY = "/var/lib/accelerator-images"
 """--image-library's default: the host directory the programming component mounts."""
-PROGRAMMING_FLAGS = ("programming", "image-library", "image-max-bytes", "intel-loader",
+PROGRAMMING_FLAGS = ("programming", "image-library", "image-max-bytes", "require-image-digest",
+                     "intel-loader",
                      "fpgaconf", "xbutil", "fpga-load-local-image", "fpga-describe-local-image",
                      "program-timeout")
 """serve's flags for FPGA programming, as the chart's config.yaml keys and the programming

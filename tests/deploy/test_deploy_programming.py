@@ -50,6 +50,7 @@ DEFAULTS = {
     "programming": "on",
     "image-library": IMAGE_LIBRARY,
     "image-max-bytes": 536870912,
+    "require-image-digest": False,
     "intel-loader": "ioctl",
     "fpgaconf": "/usr/bin/fpgaconf",
     "xbutil": "/opt/xilinx/xrt/bin/xbutil",
@@ -173,6 +174,9 @@ def test_the_chart_example_renders_the_kustomize_nlb0_class():
     (kustomize,) = [o for o in load_yaml_file(EXAMPLES / "intel-nlb0.yaml")]
     (rendered_class,) = chart
     assert rendered_class["metadata"]["name"] == kustomize["metadata"]["name"]
+    # The chart's example pins the image (it requires digests); the rest is the same class.
+    parameters = rendered_class["spec"]["config"][0]["opaque"]["parameters"]
+    assert len(parameters.pop("sha256")) == 64
     assert rendered_class["spec"] == kustomize["spec"]
 
 
@@ -303,7 +307,8 @@ def test_component_and_chart_give_serve_the_same_programming_settings(programmed
     chart = helm_render(example_values("programming"))
     (ds,) = of_kind(chart, "DaemonSet")
     file = config_file(chart, ds)
-    assert {k: file[k] for k in PROGRAMMING_FLAGS} == DEFAULTS
+    # The chart's example requires pinned images; the component leaves that to the admin.
+    assert {k: file[k] for k in PROGRAMMING_FLAGS} == {**DEFAULTS, "require-image-digest": True}
     variables = env(programmed)
     for key, value in DEFAULTS.items():
         variable = config._env(f"--{key}")
@@ -419,3 +424,36 @@ def test_kubernetes_refuses_privileged_without_escalation(programmed):
         assert security["privileged"] is True
         assert not (security.get("privileged") and
                     security.get("allowPrivilegeEscalation") is False)
+
+
+def test_a_chart_class_may_pin_its_image_and_list_what_claims_choose():
+    values = example_values("programming")
+    function = values["programming"]["deviceClasses"][0]["function"]
+    function["allowedClaimFunctions"] = [
+        {"afuID": "9e1f4ab2c6d3487a8b0e5f1a2c3d4e5f", "image": "nlb3.gbs",
+         "sha256": "ab" * 32}]
+    objects = helm_render(values)
+    (rendered,) = [c for c in of_kind(objects, "DeviceClass")
+                   if c["metadata"]["name"] != DRIVER]
+    parameters = rendered["spec"]["config"][0]["opaque"]["parameters"]
+    assert parameters["allowedClaimFunctions"][0]["sha256"] == "ab" * 32
+    (daemonset,) = of_kind(objects, "DaemonSet")
+    assert config_file(objects, daemonset)["require-image-digest"] is True
+    # What the driver reads, it accepts: the rendered configuration parses.
+    from plugin.programming.function_config import parse_config
+
+    parsed = parse_config(DRIVER, parameters, "DeviceClass configuration 0", from_class=True)
+    assert parsed.spec is not None and len(parsed.allowed) == 1
+
+
+@pytest.mark.parametrize("broken", [
+    {"sha256": "not-a-digest"},
+    {"allowedClaimFunctions": [{"image": "x.gbs"}]},
+    {"clearOnUnprepare": {"afuID": "9e1f4ab2c6d3487a8b0e5f1a2c3d4e5f", "image": "b.gbs",
+                          "sha256": "short"}},
+])
+def test_the_schema_refuses_a_malformed_pin_or_catalogue(broken):
+    values = example_values("programming")
+    values["programming"]["deviceClasses"][0]["function"].update(broken)
+    with pytest.raises(HelmRefused):
+        helm_render(values)

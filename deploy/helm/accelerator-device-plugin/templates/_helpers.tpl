@@ -120,6 +120,7 @@ it), and:
     {{- $_ := set $cfg "programming" "on" -}}
     {{- $_ := set $cfg "image-library" $programming.imageLibrary.hostPath -}}
     {{- $_ := set $cfg "image-max-bytes" (int64 $programming.maxImageBytes) -}}
+    {{- $_ := set $cfg "require-image-digest" ($programming.requireImageDigest | default false) -}}
     {{- $_ := set $cfg "intel-loader" $programming.intelLoader -}}
     {{- $_ := set $cfg "fpgaconf" $programming.fpgaconf -}}
     {{- $_ := set $cfg "xbutil" $programming.xbutil -}}
