@@ -20,6 +20,9 @@ reason                    type     when
                                    by which loader, how long, for which claim)
 ``FunctionLoadFailed``    Warning  loading it failed, with the step and the kernel's or
                                    tool's message
+``RuntimeWithoutCDI``     Warning  ``--api dra`` serves a node whose container runtime
+                                   may not apply CDI (:mod:`plugin.serving.runtime_cdi`),
+                                   with why; once per runtime version
 ========================  =======  ================================================
 
 The recording itself (aggregation, rate limit, the queue that never blocks) is
@@ -61,6 +64,7 @@ API_CHANGED = "ServingAPIChanged"
 HELD = "DevicesHeldAcrossMove"
 LOADED = "FunctionLoaded"
 LOAD_FAILED = "FunctionLoadFailed"
+RUNTIME_WITHOUT_CDI = "RuntimeWithoutCDI"
 HEALTH_ACTION = "CheckHealth"
 API_ACTION = "ChooseServingAPI"
 PROGRAM_ACTION = "LoadFunction"
@@ -167,6 +171,9 @@ class NodeEvents:
 
     def held(self, message: str) -> None:
         self.recorder.record(devices_held(message))
+
+    def runtime_without_cdi(self, message: str) -> None:
+        self.recorder.record(Occurrence(WARNING, RUNTIME_WITHOUT_CDI, API_ACTION, message))
 
     def programmed(self, device_id: str, claim: str, kind: str, message: str) -> None:
         """A load onto ``device_id`` for ``claim`` (``kind``: FunctionLoaded or

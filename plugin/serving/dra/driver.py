@@ -54,7 +54,7 @@ from plugin.serving.dra.apiserver import (
 )
 from plugin.serving.dra.checkpoint import ClaimCheckpoint
 from plugin.serving.dra.claim_cdi import ClaimSpecs, accelerator_env
-from plugin.serving.dra.claim_status import ClaimStatusReporter
+from plugin.serving.dra.claim_status import ClaimStatusReporter, NodeConditions
 from plugin.serving.dra.claims_model import ClaimAllocation, ClaimRef, DeviceStatusReport
 from plugin.serving.dra.health import HealthBroadcaster
 from plugin.serving.dra.inventory import Pool, pool_of
@@ -127,8 +127,10 @@ class DraDriver:
                  cdi_ids: Callable[[str], list[str]], api: ApiServer | None = None, *,
                  resources: Callable[[], Iterable[str]] = tuple,
                  say_held: Callable[[str], None] | None = None,
-                 programmer: Programmer | None = None) -> None:
+                 programmer: Programmer | None = None,
+                 node_conditions: NodeConditions = tuple) -> None:
         self.place = place
+        self._node_conditions = node_conditions
         self.programmer = programmer
         """Loads the function a claim names (and says which devices can take one)."""
         self._resources = resources
@@ -207,7 +209,7 @@ class DraDriver:
             place.state_dir.mkdir(parents=True, exist_ok=True)
             self._status = ClaimStatusReporter(
                 place.driver, lambda: self.feed.current, write_status,
-                function_of=self._function_of)
+                function_of=self._function_of, node_conditions=self._node_conditions)
             # Read at first use, which comes through the socket: only the instance holding
             # it reads the record (a rolling update's newcomer waits for the old one first).
             checkpoint = ClaimCheckpoint(place.state_dir / CHECKPOINT_FILE, load=False)
@@ -433,6 +435,11 @@ class DraDriver:
                 self.publisher.devices_changed()
             if self._status is not None:
                 self._status.devices_changed()
+
+    def node_conditions_changed(self) -> None:
+        """The node-wide conditions changed: every claim's status is written again."""
+        if self._status is not None:
+            self._status.devices_changed()
 
     async def self_check(self) -> bool:
         return True if self.service is None else await self.service.self_check()
