@@ -137,3 +137,21 @@ async def test_api_dra_on_containerd_1_6_warns_on_the_node_and_in_each_claim(ben
     warned = [e for e in plugin.entries() if "which DRA hands over through CDI only"
               in e.get("message", "")]
     assert len(warned) == 1 and warned[0]["level"] == "warning", warned
+
+
+async def test_a_node_that_cannot_be_read_keeps_the_device_plugin_and_says_so(
+        cluster, sockdir, logdir, tmp_path):  # noqa: F811
+    """No right to read Nodes (a ClusterRole without ``nodes``): the runtime is unknown, so
+    the node is not moved to DRA (fail safe), and the log says what is missing."""
+    api, _ = cluster
+    for verb in ("get", "list", "watch"):
+        api.faults.deny(verb, "nodes")
+    async with mapped_node(cluster, sockdir, logdir, tmp_path, "1.36") as (node, plugin, _):
+        await until(node.device_plugin_offers, "the device plugin")
+        await asyncio.sleep(SETTLED)
+        assert not api.list("resourceslices")
+    [(chosen, why)] = choices(plugin)
+    assert chosen == "the device plugin"
+    assert why.startswith("the Node's status.nodeInfo.containerRuntimeVersion could not be "
+                          "read"), why
+    assert [e for e in plugin.entries() if "nodes get, list and watch" in e.get("message", "")]

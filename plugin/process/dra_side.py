@@ -102,6 +102,8 @@ class DraSide:
         self._runtime_said: str | None = None
         self._decided_cdi: bool | None = None
         """Whether the runtime applied CDI at the last decision (``auto``)."""
+        self._decided_runtime: str | None = None
+        """The ``containerRuntimeVersion`` the last decision read (None: the Node unread)."""
         self._rescan = rescan
         """Asks discovery for a scan now (a load shows in the next one)."""
         self.quarantine = quarantine
@@ -224,7 +226,7 @@ class DraSide:
         claim's status written again."""
         verdict = self._runtime()
         if self.settings.api == "auto":
-            if self._decided_pin is not None and verdict.applies is not self._decided_cdi:
+            if self._decided_pin is not None and self._runtime_moved():
                 log.info("node %s: %s; deciding again between the device plugin and DRA",
                          self.settings.node_name, verdict.why)
                 self.kick()
@@ -239,6 +241,13 @@ class DraSide:
                 self._runtime_warning(message)
         if self.driver is not None:
             self.driver.node_conditions_changed()
+
+    def _runtime_moved(self) -> bool:
+        """Whether the runtime now judges otherwise than at the last decision. A Node first
+        read after a decision made without it (the API server was down) is no change: the
+        node is decided once per kubelet, as for the API server's own answers."""
+        return self._decided_runtime is not None and \
+            self._runtime().applies is not self._decided_cdi
 
     def _node_conditions(self) -> tuple[tuple[str, str, str, str], ...]:
         """What every prepared device's status says of the runtime: nothing where it applies
@@ -320,13 +329,14 @@ class DraSide:
             if self.choice is not None and kubelet == self._decided_for and \
                     self._decided_pin is not None and \
                     known.override is self._decided_pin.override and \
-                    self._runtime().applies is self._decided_cdi:
+                    not self._runtime_moved():
                 continue
             pin = self._label_reader.pin(await self._labels.read()) if self._labels else NO_LABEL
             runtime = self._runtime()  # read with the labels, from the same Node
             choice, why = await self._decide_pinned(kubelet, pin, runtime)
             self._decided_for, self._decided_pin = kubelet, pin
             self._decided_cdi = runtime.applies
+            self._decided_runtime = self._labels.runtime if self._labels else None
             await self._apply(choice, why)
 
     async def _decide_pinned(self, kubelet: FileIdentity, pin: Pin,
@@ -350,15 +360,21 @@ class DraSide:
     async def _decide(self, kubelet: FileIdentity, runtime: Verdict) -> tuple[NodeApi, str]:
         driver = self.driver
         assert driver is not None
-        if not runtime.applies:
-            return NodeApi.DEVICE_PLUGIN, (f"{runtime.why}, and DRA hands devices to "
-                                           "containers only through CDI")
+        without_cdi = (NodeApi.DEVICE_PLUGIN,
+                       f"{runtime.why}, and DRA hands devices to containers only through CDI")
+        read = self._labels is not None and self._labels.runtime is not None
+        if read and not runtime.applies:
+            return without_cdi
         if not self.settings.plugins_registry_dir.is_dir():
             return NodeApi.DEVICE_PLUGIN, (f"{self.settings.plugins_registry_dir} does not "
                                            "exist, so no kubelet can register a DRA driver")
         refusal = await driver.api_allows(self._resources)
         if refusal is not None:
             return NodeApi.DEVICE_PLUGIN, refusal
+        if not runtime.applies:
+            # The Node could not be read: fail safe. Asked after the API server, whose
+            # refusal, where it refuses, is the likelier cause and the better reason.
+            return without_cdi
         await driver.serve_kubelet()
         wait = self.settings.watcher_wait
         verdict = await driver.kubelet_verdict(kubelet, wait)
