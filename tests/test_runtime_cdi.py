@@ -76,3 +76,10 @@ def test_the_condition_is_false_where_it_cannot_and_unknown_where_it_cannot_tell
     assert "may start without this device" in message
     assert judge("docker://24.0.7").condition[:2] == ("Unknown", "RuntimeCDIUnknown")
     assert judge("containerd://2.0.0").condition[0] == "True"
+
+
+def test_a_node_never_read_is_told_apart_from_one_that_reports_nothing():
+    """Under ``auto`` an unread Node is decided after the API server's own checks (whose
+    refusal is then the likelier cause); a Node read with no runtime is an unknown runtime."""
+    assert judge(None).read is False and judge(None, ENABLED).read is False
+    assert judge("").read is True and judge("containerd://1.6.20").read is True

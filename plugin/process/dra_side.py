@@ -332,11 +332,12 @@ class DraSide:
                     not self._runtime_moved():
                 continue
             pin = self._label_reader.pin(await self._labels.read()) if self._labels else NO_LABEL
-            runtime = self._runtime()  # read with the labels, from the same Node
+            # Read with the labels, from the same Node, and kept as read: a runtime that
+            # changes while the kubelet is asked is a change the next kick decides on.
+            seen, runtime = self._labels.runtime if self._labels else None, self._runtime()
             choice, why = await self._decide_pinned(kubelet, pin, runtime)
             self._decided_for, self._decided_pin = kubelet, pin
-            self._decided_cdi = runtime.applies
-            self._decided_runtime = self._labels.runtime if self._labels else None
+            self._decided_cdi, self._decided_runtime = runtime.applies, seen
             await self._apply(choice, why)
 
     async def _decide_pinned(self, kubelet: FileIdentity, pin: Pin,
@@ -362,8 +363,7 @@ class DraSide:
         assert driver is not None
         without_cdi = (NodeApi.DEVICE_PLUGIN,
                        f"{runtime.why}, and DRA hands devices to containers only through CDI")
-        read = self._labels is not None and self._labels.runtime is not None
-        if read and not runtime.applies:
+        if runtime.read and not runtime.applies:
             return without_cdi
         if not self.settings.plugins_registry_dir.is_dir():
             return NodeApi.DEVICE_PLUGIN, (f"{self.settings.plugins_registry_dir} does not "

@@ -35,7 +35,7 @@ is the pure rule; :mod:`plugin.process.dra_side` reads the Node and acts on the 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 AUTO = "auto"
 ENABLED = "enabled"
@@ -78,6 +78,8 @@ class Verdict:
 
     applies: bool | None
     why: str
+    read: bool = True
+    """False where the Node could not be read (no runtime reported at all)."""
 
     @property
     def condition(self) -> tuple[str, str, str]:
@@ -96,8 +98,8 @@ def judge(reported: str | None, declared: str = AUTO) -> Verdict:
         said = "the Node's status.nodeInfo.containerRuntimeVersion could not be read"
         if declared == ENABLED:
             return Verdict(True, f"{said}; --runtime-cdi enabled declares that its runtime "
-                                 "applies CDI")
-        return _undeclared(None, said, declared)
+                                 "applies CDI", read=False)
+        return replace(_undeclared(None, said, declared), read=False)
     runtime = parse(reported)
     shown = f"runtime {runtime.text or '(none reported)'}"
     never = _never(runtime)
