@@ -86,8 +86,11 @@ async def test_a_dra_node_whose_runtime_loses_cdi_moves_back_with_an_event_sayin
     async with mapped_node(cluster, sockdir, logdir, tmp_path, "1.36") as (node, plugin, _):
         await until(node.dra_offers, "DRA on containerd 2.1")
         api.set_node_runtime(NODE, OLD)
-        await until(lambda: node.device_plugin_offers() and not node.dra_offers(),
-                    "back on the device plugin")
+        try:
+            await until(lambda: node.device_plugin_offers() and not node.dra_offers(),
+                        "back on the device plugin")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\nplugin log:\n{plugin.text()[-6000:]}") from None
         await until(lambda: api.list("events", "default"), "the move's Event")
     assert [through for through, _ in choices(plugin)] == ["DRA", "the device plugin"]
     (event,) = api.list("events", "default")
