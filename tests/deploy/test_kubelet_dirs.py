@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from deploy_support import KUSTOMIZATIONS, container, pod_spec
+from deploy_support import KUSTOMIZATIONS, REPO, container, env, pod_spec
+from deploy_support import render as kustomize
 from helm_render import of_kind, render
 
 ROOT = "/data/kubelet"
@@ -85,3 +86,24 @@ def test_every_kustomization_mounts_the_kubelets_fixed_device_plugin_directory(r
     assert volumes["device-plugins"]["hostPath"]["path"] == DEVICE_PLUGINS
     mounted = {m["name"]: m["mountPath"] for m in container(objects)["volumeMounts"]}
     assert mounted["device-plugins"] == DEVICE_PLUGINS
+
+
+def test_the_kustomize_example_for_another_root_moves_all_but_the_device_plugins(kubectl):
+    """deploy/examples/kubelet-root-dir: the dra overlay over --root-dir=/data/kubelet."""
+    objects = kustomize(kubectl, REPO / "deploy" / "examples" / "kubelet-root-dir")
+    volumes = {v["name"]: v["hostPath"]["path"] for v in pod_spec(objects)["volumes"]
+               if "hostPath" in v}
+    mounted = {m["name"]: m["mountPath"] for m in container(objects)["volumeMounts"]}
+    kubelet = {name for name, path in volumes.items() if "kubelet" in path}
+    assert kubelet == {"device-plugins", "plugins-registry", "dra-state", "pod-resources"}
+    assert volumes["device-plugins"] == DEVICE_PLUGINS
+    for name in kubelet - {"device-plugins"}:
+        assert volumes[name].startswith(f"{ROOT}/"), (name, volumes[name])
+    for name in kubelet:
+        assert mounted[name] == volumes[name], f"{name} is mounted at its host path"
+    assert len(container(objects)["volumeMounts"]) == len(mounted), "no mount left twice"
+    variables = env(objects)
+    assert variables["ACCELERATOR_DP_DEVICE_PLUGIN_DIR"] == DEVICE_PLUGINS
+    assert variables["ACCELERATOR_DP_PLUGINS_REGISTRY_DIR"] == f"{ROOT}/plugins_registry"
+    assert variables["ACCELERATOR_DP_DRA_STATE_DIR"] == volumes["dra-state"]
+    assert variables["ACCELERATOR_DP_POD_RESOURCES_SOCKET"] == f"{ROOT}/pod-resources/kubelet.sock"
