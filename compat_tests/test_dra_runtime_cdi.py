@@ -157,4 +157,5 @@ async def test_a_node_that_cannot_be_read_keeps_the_device_plugin_and_says_so(
     assert chosen == "the device plugin"
     assert why.startswith("the Node's status.nodeInfo.containerRuntimeVersion could not be "
                           "read"), why
-    assert [e for e in plugin.entries() if "nodes get, list and watch" in e.get("message", "")]
+    (warned,) = [e for e in plugin.entries() if "nodes get, list and watch" in e.get("message", "")]
+    assert "container runtime unknown" in warned["message"], warned

@@ -159,6 +159,9 @@ class NodeLabelWatch:
                    if failure.status == 403 else "")
         held = ("the labels last read" if self.labels is not None
                 else "no label, as before this release")
+        if self.runtime is None:  # fail safe: DRA only where the runtime is known to take it
+            held += (" and its container runtime unknown (the device plugin, unless "
+                     "--runtime-cdi enabled)")
         log.warning("node %s: cannot follow its labels: %s%s; deciding between the device "
                     "plugin and DRA with %s, and trying again with back-off", self.node,
                     failure, missing, held)
