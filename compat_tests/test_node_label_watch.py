@@ -58,3 +58,28 @@ async def test_read_gets_the_node_while_the_watch_is_not_live(api, tmp_path):
         assert seen == [{LABEL: "device-plugin"}]
     finally:
         await server.close()
+
+
+async def test_the_runtime_is_followed_from_the_same_node(api, tmp_path):
+    """The kubelet's ``containerRuntimeVersion`` comes with the labels: read by a GET,
+    each new value told, a relabel alone telling nothing of it."""
+    api.create_node("node-a", runtime="containerd://1.6.20")
+    server = ApiServer.connect(api.write_kubeconfig(tmp_path / "kc"))
+    runtimes: list[str] = []
+    watch = NodeLabelWatch("node-a", lambda: server, lambda labels: None,
+                           runtime_changed=runtimes.append)
+    assert watch.runtime is None, "never read"
+    assert await watch.read() == {}
+    assert watch.runtime == "containerd://1.6.20"
+    task = asyncio.create_task(watch.run())
+    try:
+        await until(lambda: watch.live, "listed and watching")
+        api.label_node("node-a", LABEL, "dra")
+        api.set_node_runtime("node-a", "containerd://2.1.4")
+        await until(lambda: watch.runtime == "containerd://2.1.4", "the new runtime")
+        assert runtimes == ["containerd://1.6.20", "containerd://2.1.4"]
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await server.close()

@@ -13,8 +13,8 @@ from plugin.serving.dra.apiserver import (
     NoResourceApi,
     NotFound,
 )
+from plugin.serving.dra.claims_held import claim_in_use as _claim_in_use
 from plugin.serving.dra.claims_model import ClaimRef
-from plugin.serving.dra.driver import _claim_in_use
 
 REF = ClaimRef(namespace="default", name="pod-accelerators", uid="uid-1")
 

@@ -15,8 +15,9 @@ listens on 127.0.0.1 only. Every answer is JSON.
 - ``POST /_emulator/restart {"model", "runtime_config", "feature_gates", "down_for"}``
 - ``POST /_emulator/watches/end``, ``POST /_emulator/expire {"revision": optional}``
 - ``POST /_emulator/tokens {"tokens": {token: user}}``
-- ``POST /_emulator/nodes {"name", "labels"}``, ``POST /_emulator/namespaces {"name"}``
+- ``POST /_emulator/nodes {"name", "labels", "runtime"}``, ``POST /_emulator/namespaces {"name"}``
 - ``POST /_emulator/nodes/label {"name", "key", "value"}`` (``value`` null removes it)
+- ``POST /_emulator/nodes/runtime {"name", "runtime"}`` (the kubelet's containerRuntimeVersion)
 - ``POST /_emulator/objects`` any v1 object; ``POST /_emulator/claims/allocated`` with the
   arguments of ``create_allocated_claim``; ``POST /_emulator/claims/status {"namespace",
   "name", "status"}``
@@ -31,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from compat_tests.apiserver import errors
+from compat_tests.apiserver import errors, objects
 
 if TYPE_CHECKING:
     from compat_tests.apiserver.server import ApiServerEmulator
@@ -80,7 +81,9 @@ def add_control_routes(app: web.Application, api: ApiServerEmulator, prefix: str
     route("POST", "/watches/end", lambda b: {"ended": api.end_watches()})
     route("POST", "/expire", lambda b: api.expire_resource_versions(b.get("revision")))
     route("POST", "/tokens", lambda b: api.set_tokens(b["tokens"]))
-    route("POST", "/nodes", lambda b: api.create_node(b["name"], b.get("labels")))
+    route("POST", "/nodes", lambda b: api.create_node(
+        b["name"], b.get("labels"), b.get("runtime", objects.DEFAULT_RUNTIME)))
+    route("POST", "/nodes/runtime", lambda b: api.set_node_runtime(b["name"], b["runtime"]))
     route("POST", "/nodes/label", lambda b: api.label_node(b["name"], b["key"], b.get("value")))
     route("POST", "/namespaces", lambda b: api.create_namespace(b["name"]))
     route("POST", "/objects", lambda b: api.create(b))

@@ -15,12 +15,28 @@ from compat_tests.apiserver.convert import api_version
 Obj = dict[str, Any]
 
 
-def node(name: str, labels: Mapping[str, str] | None = None) -> Obj:
+DEFAULT_RUNTIME = "containerd://2.1.4"
+"""What a node's kubelet reports by default: a runtime that applies CDI (containerd 2.x)."""
+
+
+def node_info(runtime: str) -> Obj:
+    """``status.nodeInfo`` as a kubelet writes it; every field the 1.36 schema requires."""
+    return {"machineID": "0" * 32, "systemUUID": "00000000-0000-0000-0000-000000000000",
+            "bootID": "00000000-0000-0000-0000-000000000001", "kernelVersion": "6.1.0",
+            "osImage": "Debian GNU/Linux 12 (bookworm)", "containerRuntimeVersion": runtime,
+            "kubeletVersion": "v1.36.2", "kubeProxyVersion": "", "operatingSystem": "linux",
+            "architecture": "amd64"}
+
+
+def node(name: str, labels: Mapping[str, str] | None = None,
+         runtime: str = DEFAULT_RUNTIME) -> Obj:
+    """A Node; ``runtime`` is its ``status.nodeInfo.containerRuntimeVersion``."""
     meta: Obj = {"name": name}
     if labels:
         meta["labels"] = dict(labels)
     return {"kind": "Node", "apiVersion": "v1", "metadata": meta, "spec": {},
-            "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+            "status": {"conditions": [{"type": "Ready", "status": "True"}],
+                       "nodeInfo": node_info(runtime)}}
 
 
 def device_class(name: str, *, driver: str | None = None,

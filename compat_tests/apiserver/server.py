@@ -261,10 +261,22 @@ class ApiServerEmulator:
     def create_namespace(self, name: str) -> None:
         self.namespaces.add(name)
 
-    def create_node(self, name: str, labels: Mapping[str, str] | None = None) -> Obj:
-        node = objects.node(name, labels)
+    def create_node(self, name: str, labels: Mapping[str, str] | None = None,
+                    runtime: str = objects.DEFAULT_RUNTIME) -> Obj:
+        node = objects.node(name, labels, runtime)
         node["metadata"].update(uid=str(uuid.uuid4()), creationTimestamp=strategy.now())
         return self.store.commit("nodes", "ADDED", node)
+
+    def set_node_runtime(self, name: str, runtime: str) -> Obj:
+        """What a kubelet started over another container runtime writes (``nodes/status``):
+        the Node's ``status.nodeInfo.containerRuntimeVersion``, seen by its watchers."""
+        old = self.store.get("nodes", None, name)
+        if old is None:
+            raise KeyError(name)
+        new = copy.deepcopy(old)
+        new["status"].setdefault("nodeInfo", objects.node_info(runtime))
+        new["status"]["nodeInfo"]["containerRuntimeVersion"] = runtime
+        return self.store.commit("nodes", "MODIFIED", new, old)
 
     def label_node(self, name: str, key: str, value: str | None) -> Obj:
         """What ``kubectl label node NAME KEY=VALUE --overwrite`` (or ``KEY-`` for None)

@@ -30,6 +30,7 @@ from plugin.serving.cdi import DEFAULT_SPEC_DIR
 from plugin.serving.cdi import STRATEGIES as CDI_STRATEGIES
 from plugin.serving.deviceplugin.channels import DEFAULT_REGISTRY
 from plugin.serving.deviceplugin.channels import MODES as REGISTRATION_MODES
+from plugin.serving.runtime_cdi import CHOICES as RUNTIME_CDI_CHOICES
 from plugin.version import VERSION
 
 DEFAULT_PROGRAM_TIMEOUT = 120.0
@@ -94,6 +95,8 @@ class Settings:
     the device plugin (and, 1.34+, through DRA claims), so a move never hands them out."""
     kubeconfig: Path | None = None
     api_request_timeout: float = 10.0
+    runtime_cdi: str = "auto"
+    """Whether the node's runtime applies CDI: ``auto`` judges from its version."""
     events: str = "auto"
     """``auto``: Kubernetes Events where the process has API access (``--api dra|auto``)."""
     programming: str = "off"
@@ -400,6 +403,11 @@ def _add_serve_flags(parser: OneLineParser) -> None:
             help="seconds one API server call (DRA, Events) may take before it counts as "
                  "failed: publishing retries it with back-off, a claim read is that claim's "
                  f"error, an Event is retried with back-off ({TIMEOUT.describe()})")
+    env.add("--runtime-cdi", default="auto", choices=RUNTIME_CDI_CHOICES,
+            help="whether the node's container runtime applies CDI, which DRA needs: auto "
+                 "(from the Node's containerRuntimeVersion: containerd 2.0+ and CRI-O 1.23+ "
+                 "do; containerd 1.7 only with enable_cdi, so declare it), enabled, disabled; "
+                 "--api auto keeps a node without it on the device plugin")
     env.add("--events", default="auto", choices=EVENTS_CHOICES,
             help="Kubernetes Events on the Node (a device turning Unhealthy or Healthy, the "
                  "node moving between the device plugin and DRA): auto (on with --api dra or "

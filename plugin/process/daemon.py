@@ -107,6 +107,7 @@ class Daemon:
                                 self._withdraw_all, self._publish_again,
                                 moved=events.api_moved if events else None,
                                 held=events.held if events else None,
+                                runtime_warning=events.runtime_without_cdi if events else None,
                                 rescan=self._rescan, quarantine=self.quarantine,
                                 programmed=events.programmed if events else None,
                                 claim_told=events.about_claim if events else None,

@@ -5,17 +5,26 @@ auto`` decides per kubelet instance (a kubelet is known by the ``kubelet.sock`` 
 every start; while none runs there is nothing to decide, and the node stays as it is), as the
 registration channel is decided:
 
-1. the API server must serve a resource.k8s.io version the driver speaks, and a DeviceClass
+1. the node's container runtime must apply CDI, through which alone DRA hands devices to
+   containers: judged from the Node's ``status.nodeInfo.containerRuntimeVersion`` and
+   ``--runtime-cdi`` (:mod:`plugin.serving.runtime_cdi`), before anything else is asked. A
+   runtime that does not, or that cannot be told (a Node that cannot be read included: fail
+   safe), keeps the device plugin; a new ``containerRuntimeVersion`` (a kubelet started over
+   another runtime) is a new decision;
+2. the API server must serve a resource.k8s.io version the driver speaks, and a DeviceClass
    must map every resource name of the node (``spec.extendedResourceName``), or pods asking for
    a name would find nothing through DRA;
-2. the kubelet must accept the driver: its socket is put in the plugin registry, and the
+3. the kubelet must accept the driver: its socket is put in the plugin registry, and the
    kubelet's plugin watcher answers (a kubelet without DRA says ``no handler registered for
    plugin type: DRAPlugin``; one that says nothing within ``--watcher-wait`` counts as no).
 
-DRA when both hold, the device plugin otherwise, unless the Node's label
+DRA when all hold, the device plugin otherwise, unless the Node's label
 ``accelerator.b-com.com/api`` says otherwise (:mod:`plugin.process.api_label`): read at each
 decision and watched, so a label change is a new decision at once, for the same kubelet,
-moving the node with the same care as below. The same resource is never offered both ways
+moving the node with the same care as below. ``--api dra`` serves DRA whatever the runtime,
+but where it may not apply CDI it says so: a warning, a ``RuntimeWithoutCDI`` Event on the
+Node, and a ``RuntimeAppliesCDI`` condition (False, or Unknown where it cannot tell) on every
+prepared device in each claim's status. The same resource is never offered both ways
 (KEP-5004: a device plugin advertising the name makes the scheduler ignore DRA on the node):
 moving to DRA, the device-plugin servers are withdrawn before the first slice is published;
 moving back, the slices are deleted and the DRA socket removed before a device-plugin server
@@ -42,6 +51,7 @@ from plugin.process.supervise import supervise
 from plugin.serving.cdi import CdiPolicy, SpecWriter
 from plugin.serving.holds import HoldWatch
 from plugin.serving.routing import FileIdentity, identity
+from plugin.serving.runtime_cdi import CONDITION, Verdict, judge
 
 if TYPE_CHECKING:
     from plugin.programming.loaders.base import Loader
@@ -85,8 +95,17 @@ class DraSide:
                  quarantine: Quarantine | None = None,
                  programmed: Told | None = None,
                  claim_told: ClaimTold | None = None,
-                 loaders: Mapping[str, Loader] | None = None) -> None:
+                 loaders: Mapping[str, Loader] | None = None,
+                 runtime_warning: Callable[[str], None] | None = None) -> None:
         self.settings = settings
+        self._runtime_warning = runtime_warning
+        """Told (once per runtime version) that ``--api dra`` serves a node whose runtime may
+        not apply CDI (a Warning Event)."""
+        self._runtime_said: str | None = None
+        self._decided_cdi: bool | None = None
+        """Whether the runtime applied CDI at the last decision (``auto``)."""
+        self._decided_runtime: str | None = None
+        """The ``containerRuntimeVersion`` the last decision read (None: the Node unread)."""
         self._rescan = rescan
         """Asks discovery for a scan now (a load shows in the next one)."""
         self.quarantine = quarantine
@@ -167,7 +186,8 @@ class DraSide:
                                     self._loaders)
         self.driver = DraDriver(place, feed, self.cdi_ids, resources=lambda: self._resources,
                                 say_held=self._held, programmer=programmer,
-                                claim_told=self._claim_told)
+                                claim_told=self._claim_told,
+                                node_conditions=self._node_conditions)
         self._watch_label(settings.node_name)
         if settings.api == "dra":
             self._task = asyncio.create_task(
@@ -186,7 +206,8 @@ class DraSide:
 
         changed = self._label_changed if self.settings.api == "auto" else self._flag_wins
         assert self.driver is not None
-        self._labels = NodeLabelWatch(node, self.driver.api, changed)
+        self._labels = NodeLabelWatch(node, self.driver.api, changed,
+                                      runtime_changed=self._runtime_changed)
         self._label_task = asyncio.create_task(
             supervise("node label watch", self._labels.run, finished=self._stopping),
             name="node label watch")
@@ -198,6 +219,48 @@ class DraSide:
             log.info("node %s: %s; deciding again between the device plugin and DRA",
                      self.settings.node_name, pin.said)
             self.kick()
+
+    def _runtime(self) -> Verdict:
+        """Whether the node's runtime applies CDI, as last read (None: never read)."""
+        return judge(self._labels.runtime if self._labels is not None else None,
+                     self.settings.runtime_cdi)
+
+    def _runtime_changed(self, version: str) -> None:
+        """A new ``containerRuntimeVersion``: under ``auto`` a new decision if it changes the
+        verdict; under ``dra`` said (once per version) where it may not apply CDI, and every
+        claim's status written again."""
+        verdict = self._runtime()
+        if self.settings.api == "auto":
+            if self._decided_pin is not None and self._runtime_moved():
+                log.info("node %s: %s; deciding again between the device plugin and DRA",
+                         self.settings.node_name, verdict.why)
+                self.kick()
+            return
+        if not verdict.applies and version != self._runtime_said:
+            self._runtime_said = version
+            message = (f"Devices are served through DRA (--api {self.settings.api}), but "
+                       f"{verdict.why}: containers may start without their devices, which "
+                       "DRA hands over through CDI only")
+            log.warning("node %s: %s", self.settings.node_name, message)
+            if self._runtime_warning is not None:
+                self._runtime_warning(message)
+        if self.driver is not None:
+            self.driver.node_conditions_changed()
+
+    def _runtime_moved(self) -> bool:
+        """Whether the runtime now judges otherwise than at the last decision. A Node first
+        read after a decision made without it (the API server was down) is no change: the
+        node is decided once per kubelet, as for the API server's own answers."""
+        return self._decided_runtime is not None and \
+            self._runtime().applies is not self._decided_cdi
+
+    def _node_conditions(self) -> tuple[tuple[str, str, str, str], ...]:
+        """What every prepared device's status says of the runtime: nothing where it applies
+        CDI or the Node was never read, else :data:`~plugin.serving.runtime_cdi.CONDITION`."""
+        if self._labels is None or self._labels.runtime is None:
+            return ()
+        verdict = self._runtime()
+        return () if verdict.applies else ((CONDITION, *verdict.condition),)
 
     def _flag_wins(self, labels: Mapping[str, str]) -> None:
         pin = self._label_reader.pin(labels)
@@ -270,20 +333,26 @@ class DraSide:
             known = self._label_reader.pin(self._labels.labels if self._labels else None)
             if self.choice is not None and kubelet == self._decided_for and \
                     self._decided_pin is not None and \
-                    known.override is self._decided_pin.override:
+                    known.override is self._decided_pin.override and \
+                    not self._runtime_moved():
                 continue
             pin = self._label_reader.pin(await self._labels.read()) if self._labels else NO_LABEL
-            choice, why = await self._decide_pinned(kubelet, pin)
+            # Read with the labels, from the same Node, and kept as read: a runtime that
+            # changes while the kubelet is asked is a change the next kick decides on.
+            seen, runtime = self._labels.runtime if self._labels else None, self._runtime()
+            choice, why = await self._decide_pinned(kubelet, pin, runtime)
             self._decided_for, self._decided_pin = kubelet, pin
+            self._decided_cdi, self._decided_runtime = runtime.applies, seen
             await self._apply(choice, why)
 
-    async def _decide_pinned(self, kubelet: FileIdentity, pin: Pin) -> tuple[NodeApi, str]:
+    async def _decide_pinned(self, kubelet: FileIdentity, pin: Pin,
+                             runtime: Verdict) -> tuple[NodeApi, str]:
         """:meth:`_decide`, as the label asks: ``device-plugin`` forces the device plugin;
         ``dra`` asks for DRA where it is allowed, and where it is not says why the node
         stays on the device plugin; a new value is named in the reason of the move."""
         if pin.override is Override.DEVICE_PLUGIN:
             return NodeApi.DEVICE_PLUGIN, pin.said
-        choice, why = await self._decide(kubelet)
+        choice, why = await self._decide(kubelet, runtime)
         if pin.override is Override.DRA:
             if choice is NodeApi.DRA:
                 return choice, f"{pin.said}, and {why}"
@@ -294,15 +363,23 @@ class DraSide:
             return choice, f"{pin.said} (auto); {why}"
         return choice, why
 
-    async def _decide(self, kubelet: FileIdentity) -> tuple[NodeApi, str]:
+    async def _decide(self, kubelet: FileIdentity, runtime: Verdict) -> tuple[NodeApi, str]:
         driver = self.driver
         assert driver is not None
+        without_cdi = (NodeApi.DEVICE_PLUGIN,
+                       f"{runtime.why}, and DRA hands devices to containers only through CDI")
+        if runtime.read and not runtime.applies:
+            return without_cdi
         if not self.settings.plugins_registry_dir.is_dir():
             return NodeApi.DEVICE_PLUGIN, (f"{self.settings.plugins_registry_dir} does not "
                                            "exist, so no kubelet can register a DRA driver")
         refusal = await driver.api_allows(self._resources)
         if refusal is not None:
             return NodeApi.DEVICE_PLUGIN, refusal
+        if not runtime.applies:
+            # The Node could not be read: fail safe. Asked after the API server, whose
+            # refusal, where it refuses, is the likelier cause and the better reason.
+            return without_cdi
         await driver.serve_kubelet()
         wait = self.settings.watcher_wait
         verdict = await driver.kubelet_verdict(kubelet, wait)

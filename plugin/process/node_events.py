@@ -20,6 +20,9 @@ reason                    type     when
                                    by which loader, how long, for which claim)
 ``FunctionLoadFailed``    Warning  loading it failed, with the step and the kernel's or
                                    tool's message
+``RuntimeWithoutCDI``     Warning  ``--api dra`` serves a node whose container runtime
+                                   may not apply CDI (:mod:`plugin.serving.runtime_cdi`),
+                                   with why; once per runtime version
 ========================  =======  ================================================
 
 And regarding a ResourceClaim, in its namespace (``kubectl describe resourceclaim``), the
@@ -67,6 +70,7 @@ API_CHANGED = "ServingAPIChanged"
 HELD = "DevicesHeldAcrossMove"
 LOADED = "FunctionLoaded"
 LOAD_FAILED = "FunctionLoadFailed"
+RUNTIME_WITHOUT_CDI = "RuntimeWithoutCDI"
 HEALTH_ACTION = "CheckHealth"
 API_ACTION = "ChooseServingAPI"
 PROGRAM_ACTION = "LoadFunction"
@@ -180,6 +184,9 @@ class NodeEvents:
         """An Event regarding ResourceClaim ``namespace/name`` (the audit of a load)."""
         self.recorder.record(Occurrence(kind, reason, PROGRAM_ACTION, note, Regarding(
             "ResourceClaim", name, CLAIM_API_VERSION, namespace, uid)))
+
+    def runtime_without_cdi(self, message: str) -> None:
+        self.recorder.record(Occurrence(WARNING, RUNTIME_WITHOUT_CDI, API_ACTION, message))
 
     def programmed(self, device_id: str, claim: str, kind: str, message: str) -> None:
         """A load onto ``device_id`` for ``claim`` (``kind``: FunctionLoaded or

@@ -60,6 +60,11 @@ port shared by many claims this keeps the API server's load bounded."""
 Write = Callable[[ClaimRef, tuple[DeviceStatusReport, ...]], Awaitable[Any]]
 FunctionOf = Callable[[str, str], "Outcome | None"]
 """(claim UID, device ID) -> what was done to give the device its claim's function."""
+NodeConditions = Callable[[], tuple[tuple[str, str, str, str], ...]]
+"""Conditions that hold for every prepared device of the node now, as (type, status, reason,
+message): e.g. ``RuntimeAppliesCDI`` False where the runtime may not apply CDI
+(:mod:`plugin.serving.runtime_cdi`). Call :meth:`ClaimStatusReporter.devices_changed` when
+they change."""
 
 
 def rfc3339(seconds: float) -> str:
@@ -123,8 +128,10 @@ class ClaimStatusReporter:
     def __init__(self, driver: str, devices: Callable[[], DeviceSet], write: Write, *,
                  backoff_initial: float = BACKOFF_INITIAL, backoff_max: float = BACKOFF_MAX,
                  clock: Callable[[], float] = time.time,
-                 function_of: FunctionOf = lambda uid, device_id: None) -> None:
+                 function_of: FunctionOf = lambda uid, device_id: None,
+                 node_conditions: NodeConditions = tuple) -> None:
         self.driver = driver
+        self._node_conditions = node_conditions
         self._function_of = function_of
         self._devices = devices
         self._write = write
@@ -307,6 +314,13 @@ class ClaimStatusReporter:
                     FUNCTION_LOADED, "True",
                     "Loaded" if outcome.result == "loaded" else "AlreadyLoaded",
                     outcome.message(), since))
+            for kind, status, reason, message in self._node_conditions():
+                key = f"{prepared.device}/{kind}"
+                previous = known.transitions.get(key)
+                since = previous[1] if previous is not None and previous[0] == status else now
+                if not peek:
+                    known.transitions[key] = (status, since)
+                conditions.append(DeviceCondition(kind, status, reason, message, since))
             reports.append(DeviceStatusReport(
                 self.driver, prepared.pool, prepared.device, _frozen(data),
                 tuple(conditions)))

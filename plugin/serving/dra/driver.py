@@ -51,11 +51,11 @@ from plugin.serving.dra.apiserver import (
     ApiFailure,
     ApiRefused,
     ApiServer,
-    NotFound,
 )
 from plugin.serving.dra.checkpoint import ClaimCheckpoint
 from plugin.serving.dra.claim_cdi import ClaimSpecs, accelerator_env
-from plugin.serving.dra.claim_status import ClaimStatusReporter
+from plugin.serving.dra.claim_status import ClaimStatusReporter, NodeConditions
+from plugin.serving.dra.claims_held import live_claims
 from plugin.serving.dra.claims_model import ClaimAllocation, ClaimRef, DeviceStatusReport
 from plugin.serving.dra.function_audit import Auditor, ClaimTold
 from plugin.serving.dra.health import HealthBroadcaster
@@ -71,10 +71,6 @@ log = logging.getLogger(__name__)
 CHECKPOINT_FILE = "claims.jsonl"
 CONNECT_RETRY_INITIAL = 0.2
 CONNECT_RETRY_MAX = 30.0
-CLAIM_CHECK_TIMEOUT = 2.0
-"""How long the API server may take to say whether a recorded claim still holds its devices
-(the node moving back to the device plugin waits for it): beyond, the claim counts as held."""
-CLAIM_CHECK_CONCURRENCY = 32
 
 
 @dataclass(frozen=True)
@@ -100,22 +96,6 @@ class DriverPlace:
     asked, every device offered)."""
 
 
-async def _claim_in_use(api: ApiServer, ref: ClaimRef) -> bool:
-    """Whether claim ``ref`` (by UID) is still allocated and reserved for a pod."""
-    try:
-        obj = await api.get_claim(ref.namespace, ref.name)
-    except NotFound as failure:
-        # Gone only when the claim is: a version the server stopped serving says nothing of
-        # the claim, and releasing its devices then could hand them out twice.
-        return failure.unserved
-    except Exception:  # refused, down, an answer it cannot read: the device stays held
-        return True
-    if ref.uid and obj.get("metadata", {}).get("uid") not in (None, ref.uid):
-        return False
-    status = obj.get("status") or {}
-    return bool(status.get("allocation")) and bool(status.get("reservedFor"))
-
-
 class DraDriver:
     """The DRA side of one node (see the module docstring).
 
@@ -130,10 +110,12 @@ class DraDriver:
                  resources: Callable[[], Iterable[str]] = tuple,
                  say_held: Callable[[str], None] | None = None,
                  programmer: Programmer | None = None,
-                 claim_told: ClaimTold | None = None) -> None:
+                 claim_told: ClaimTold | None = None,
+                 node_conditions: NodeConditions = tuple) -> None:
         self.place = place
         self._claim_told = claim_told
         """Events regarding a claim: the audit of each function it named."""
+        self._node_conditions = node_conditions
         self.programmer = programmer
         """Loads the function a claim names (and says which devices can take one)."""
         self._resources = resources
@@ -215,7 +197,7 @@ class DraDriver:
             place.state_dir.mkdir(parents=True, exist_ok=True)
             self._status = ClaimStatusReporter(
                 place.driver, lambda: self.feed.current, write_status,
-                function_of=self._function_of)
+                function_of=self._function_of, node_conditions=self._node_conditions)
             # Read at first use, which comes through the socket: only the instance holding
             # it reads the record (a rolling update's newcomer waits for the old one first).
             checkpoint = ClaimCheckpoint(place.state_dir / CHECKPOINT_FILE, load=False)
@@ -411,26 +393,12 @@ class DraDriver:
         claim holds its devices until the API server says it is gone, replaced, or reserved
         for no pod; where the server cannot tell, it still holds them. Plus the claims the
         kubelet's PodResources lists for this driver (1.34+)."""
-        preparer, api = self._preparer, self._api
+        preparer = self._preparer
         # Only a record this instance owns and read already: reading it here would cache it
         # in an instance that does not hold the socket (a rolling update's newcomer).
         owned = preparer is not None and preparer.checkpoint.held() is not None
         recorded = list(preparer.checkpoint.claims.values()) if owned and preparer else []
-        reads = asyncio.Semaphore(CLAIM_CHECK_CONCURRENCY)
-
-        async def in_use(ref: ClaimRef) -> bool:
-            if api is None:
-                return True
-            try:
-                async with reads, asyncio.timeout(CLAIM_CHECK_TIMEOUT):  # queued: no clock
-                    return await _claim_in_use(api, ref)
-            except TimeoutError:
-                return True  # the server is slow to tell: the claim still holds its devices
-
-        answers = await asyncio.gather(*(in_use(claim.ref) for claim in recorded))
-        live = [(claim.ref.namespace, claim.ref.name,
-                 [d.device_id for d in claim.devices if d.pool == self.place.node])
-                for claim, used in zip(recorded, answers, strict=True) if used]
+        live = await live_claims(self._api, recorded, self.place.node)
         return held_through_dra(live, listing, self.place.driver, self.device_names())
 
     def _holds_changed(self, held: Held) -> None:
@@ -446,6 +414,11 @@ class DraDriver:
                 self.publisher.devices_changed()
             if self._status is not None:
                 self._status.devices_changed()
+
+    def node_conditions_changed(self) -> None:
+        """The node-wide conditions changed: every claim's status is written again."""
+        if self._status is not None:
+            self._status.devices_changed()
 
     async def self_check(self) -> bool:
         return True if self.service is None else await self.service.self_check()

@@ -1,6 +1,7 @@
 """The labels of this node's Node object, listed and watched, and read again on demand.
 
-What :mod:`plugin.process.api_label` needs from the API server: a list and watch of the one
+What :mod:`plugin.process.api_label` needs from the API server (and, from the same object,
+the runtime :mod:`plugin.serving.runtime_cdi` judges): a list and watch of the one
 Node (``fieldSelector=metadata.name=<node>``, RBAC ``nodes`` list and watch), so a label
 change is acted on within milliseconds, and a GET (``nodes`` get, which older releases
 already had) for a decision to make while the watch is not live. The client is the DRA
@@ -49,12 +50,23 @@ def labels_of(node: Mapping[str, Any] | None) -> dict[str, str]:
     return dict(meta.get("labels") or {})
 
 
+def runtime_of(node: Mapping[str, Any] | None) -> str:
+    """``status.nodeInfo.containerRuntimeVersion`` (``containerd://1.6.20``; empty where the
+    kubelet has not reported it)."""
+    info = ((node or {}).get("status") or {}).get("nodeInfo") or {}
+    return str(info.get("containerRuntimeVersion") or "")
+
+
 class NodeLabelWatch:
-    """Follows the labels of Node ``node``; ``changed(labels)`` at each new value."""
+    """Follows the labels of Node ``node``; ``changed(labels)`` at each new value. Also its
+    container runtime (the same object, so no other request): ``runtime_changed(version)``
+    at each new ``containerRuntimeVersion``, which a kubelet started over another runtime
+    writes."""
 
     def __init__(self, node: str, client: Callable[[], ApiServer],
                  changed: Callable[[Labels], None], *,
-                 backoff_max: float = BACKOFF_MAX) -> None:
+                 backoff_max: float = BACKOFF_MAX,
+                 runtime_changed: Callable[[str], None] | None = None) -> None:
         self.node = node
         self._client = client
         """The client, made at first use (raises :class:`ApiFailure` when its configuration
@@ -63,6 +75,9 @@ class NodeLabelWatch:
         self._backoff_max = backoff_max
         self.labels: Labels | None = None
         """The labels last read (None: never read)."""
+        self._runtime_changed = runtime_changed
+        self.runtime: str | None = None
+        """The ``containerRuntimeVersion`` last read (None: the Node never read)."""
         self.live = False
         """Listed, and the watch since has not failed: :attr:`labels` is current."""
         self._problem: object = None
@@ -77,7 +92,7 @@ class NodeLabelWatch:
             try:
                 api = self._client()
                 node, version = await api.list_node(self.node)
-                self._seen(labels_of(node))
+                self._seen(node)
                 self.live = True
                 if self._problem is not None:
                     log.info("node %s: its labels are watched again", self.node)
@@ -86,7 +101,7 @@ class NodeLabelWatch:
                 try:
                     async with asyncio.timeout(WATCH_LIFETIME):
                         async for kind, obj in api.watch_node(self.node, version):
-                            self._seen({} if kind == "DELETED" else labels_of(obj))
+                            self._seen(obj, deleted=kind == "DELETED")
                 except TimeoutError:
                     continue
             except Gone:
@@ -118,10 +133,17 @@ class NodeLabelWatch:
         except ApiFailure as failure:
             self._say(failure)
             return self.labels
-        self._seen(labels_of(node))
+        self._seen(node)
         return self.labels
 
-    def _seen(self, labels: Labels) -> None:
+    def _seen(self, node: Mapping[str, Any] | None, deleted: bool = False) -> None:
+        if not deleted:  # a deleted Node says nothing new of the runtime
+            runtime = runtime_of(node)
+            if runtime != self.runtime:
+                self.runtime = runtime
+                if self._runtime_changed is not None:
+                    self._runtime_changed(runtime)
+        labels = {} if deleted else labels_of(node)
         if labels != self.labels:
             self.labels = labels
             self._changed(labels)
@@ -137,6 +159,9 @@ class NodeLabelWatch:
                    if failure.status == 403 else "")
         held = ("the labels last read" if self.labels is not None
                 else "no label, as before this release")
+        if self.runtime is None:  # fail safe: DRA only where the runtime is known to take it
+            held += (" and its container runtime unknown (the device plugin, unless "
+                     "--runtime-cdi enabled)")
         log.warning("node %s: cannot follow its labels: %s%s; deciding between the device "
                     "plugin and DRA with %s, and trying again with back-off", self.node,
                     failure, missing, held)
