@@ -1,4 +1,4 @@
-"""One table format for every benchmark, so figures can be pasted into the README as they are."""
+"""One table format for every benchmark, so figures can be pasted into docs/performance.md as they are."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ Every case is something that happens on real nodes: kubelets killed at odd momen
 restarted with or without wiping the directory, a second plugin instance during a rolling
 update, unwritable directories, signal storms, long runs of Allocate. The bounds asserted
 (a kubelet met within a second, no growth in descriptors or threads) are the product's
-promises; measured figures are in ``bench/`` and the README.
+promises; measured figures are in ``bench/`` and docs/performance.md.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ daemon writes (:mod:`plugin.serving.cdi`); this spec carries environment only.
 Why per request and not per claim: a claim of several requests can serve several
 containers (KEP-5004 extended-resource claims have one request per container), and each
 must see only its own devices, as Allocate gave each container its own IDs. A container that
-takes a whole claim of several requests gets each request's variables (see the README's
-open points).
+takes a whole claim of several requests gets each request's variables (docs/dra.md,
+"containers").
 
 Rules of :mod:`plugin.serving.cdi` hold: ``cdiVersion`` 0.5.0 (device names may start with a
 digit, as claim UIDs do), no dot in the class, no device with empty edits (every device here
