@@ -1,4 +1,5 @@
-"""One table format for every benchmark, so figures can be pasted into docs/performance.md as they are."""
+"""One table format for every benchmark, so figures can be pasted into docs/performance.md
+as they are."""
 
 from __future__ import annotations
 
