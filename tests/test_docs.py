@@ -21,7 +21,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
+from compat_tests.apiserver import schema
 from plugin.cli.config import build_parser
 from plugin.process import metrics, node_events
 from plugin.serving.dra import function_audit
@@ -304,3 +306,43 @@ def test_the_readme_reaches_every_page_of_docs_in_one_click():
               for _, target in _relative_links(REPO / "README.md")}
     unreached = [page.name for page in DOCS.glob("*.md") if page.resolve() not in linked]
     assert not unreached, f"docs/ pages the README does not link: {unreached}"
+
+
+# -- the README's own commands and examples ----------------------------------------------------
+
+def _code_blocks(path: Path, language: str) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", path.read_text(), re.MULTILINE | re.DOTALL)
+
+
+def test_the_readme_gives_exactly_the_two_make_commands_and_the_makefile_has_them():
+    (block,) = [b for b in _code_blocks(REPO / "README.md", "sh") if "make demo" in b]
+    commands = [line.split("#")[0].strip() for line in block.splitlines()]
+    assert commands == ["make demo", "make test"]
+    targets = re.findall(r"^([\w.-]+):", (REPO / "Makefile").read_text(), re.MULTILINE)
+    assert {"demo", "test"} <= set(targets)
+
+
+def test_the_readmes_first_pods_ask_for_what_the_deployment_provides():
+    pod_example = yaml.safe_load((REPO / "deploy" / "pod-example.yml").read_text())
+    (limits,) = [c["resources"]["limits"] for c in pod_example["spec"]["containers"]]
+    assert limits["b-com.com/accelerator"] == 1
+    class_ = yaml.safe_load(
+        (REPO / "deploy" / "components" / "dra" / "cluster" / "deviceclass.yaml").read_text())
+    assert class_["spec"]["extendedResourceName"] == "b-com.com/accelerator"
+
+    (block,) = [b for b in _code_blocks(REPO / "README.md", "yaml") if "ResourceClaimTemplate" in b]
+    template, pod = yaml.safe_load_all(block)
+    v1 = schema.load("v1")
+    assert set(template) <= set(v1["io.k8s.api.resource.v1.ResourceClaimTemplate"]["properties"])
+    assert set(template["spec"]) <= set(
+        v1["io.k8s.api.resource.v1.ResourceClaimTemplateSpec"]["properties"])
+    claim = {"apiVersion": template["apiVersion"], "kind": "ResourceClaim",
+             "metadata": {"name": "c"}, "spec": template["spec"]["spec"]}
+    decoded = schema.decode(claim, "resourceclaims", "v1", drop_unknown=False)
+    assert decoded.unknown == [] and decoded.errors == []
+    (request,) = template["spec"]["spec"]["devices"]["requests"]
+    assert request["exactly"]["deviceClassName"] == class_["metadata"]["name"]
+    (claim_ref,) = pod["spec"]["resourceClaims"]
+    assert claim_ref["resourceClaimTemplateName"] == template["metadata"]["name"]
+    (container,) = pod["spec"]["containers"]
+    assert container["resources"]["claims"] == [{"name": claim_ref["name"]}]
