@@ -26,6 +26,8 @@ since): a plugin can tell that the kubelet has handled its stream's end.
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from enum import Enum
 
 from compat_tests.kubelet.endpoint import PluginEndpoint
@@ -34,6 +36,15 @@ from compat_tests.kubelet.results import UNHEALTHY, EmulatedDevice
 
 _CLIENTS_BY_NAME_SINCE = 25
 _CLIENTS_BY_SOCKET_SINCE = 36
+
+
+@dataclass(frozen=True)
+class Moment:
+    at: float
+    """``time.perf_counter()`` in the emulator's process."""
+    endpoint: PluginEndpoint
+    healthy: int | None
+    """Healthy devices in a list heard; None: the stream ended."""
 
 
 class Rules(Enum):
@@ -59,6 +70,8 @@ class Clients:
         self._older: dict[str, list[PluginEndpoint]] = {}
         self.dropped_by_older: list[PluginEndpoint] = []
         """Current clients undone by an older client's stream end, in order."""
+        self.timeline: list[Moment] = []
+        """Every list heard and every stream end, in order (for benchmarks)."""
 
     def install(self, endpoint: PluginEndpoint) -> PluginEndpoint | None:
         """Make ``endpoint`` the resource's client; return an old one to stop now, if any."""
@@ -70,15 +83,20 @@ class Clients:
         self._older.setdefault(name, []).append(old)
         return None
 
-    def feeds(self, endpoint: PluginEndpoint) -> bool:
-        """Whether a list on ``endpoint``'s stream reaches the manager."""
-        return self.current.get(endpoint.resource_name) is endpoint or \
+    def feeds(self, endpoint: PluginEndpoint, devices: dict[str, EmulatedDevice]) -> bool:
+        """Whether a list on ``endpoint``'s stream reaches the manager (noted if it does)."""
+        heard = self.current.get(endpoint.resource_name) is endpoint or \
             endpoint in self._older.get(endpoint.resource_name, [])
+        if heard:
+            healthy = sum(d.healthy for d in devices.values())
+            self.timeline.append(Moment(time.perf_counter(), endpoint, healthy))
+        return heard
 
     def ended(self, endpoint: PluginEndpoint) -> tuple[bool, PluginEndpoint | None]:
         """``endpoint``'s stream ended: whether the resource's devices go (unhealthy or
         dropped), and a current client the kubelet disconnects because of it."""
         name = endpoint.resource_name
+        self.timeline.append(Moment(time.perf_counter(), endpoint, None))
         if self.current.get(name) is endpoint:
             del self.current[name]
             return True, None

@@ -370,7 +370,7 @@ class KubeletEmulator:
     # -- ListAndWatch -----------------------------------------------------------------------
 
     def _on_update(self, endpoint: PluginEndpoint, devices: dict[str, EmulatedDevice]) -> None:
-        if not self.clients.feeds(endpoint):
+        if not self.clients.feeds(endpoint, devices):
             return
         self._devices[endpoint.resource_name] = devices
         self._lists.setdefault(endpoint.resource_name, []).append(sorted(devices))
