@@ -76,3 +76,26 @@ async def test_newcomer_pauses_after_a_killed_holder(kubelet, plugin):
     await node.wait_for_devices(RESOURCE, timeout=SETTLE)
     took_over = [m for m in messages(new) if "took over" in m]
     assert len(took_over) == 1 and "after a pause" in took_over[0], took_over
+
+
+@pytest.fixture(scope="module")
+def previous(tmp_path_factory: pytest.TempPathFactory):
+    from compat_tests.previous_release import previous_release_tree
+
+    return previous_release_tree(tmp_path_factory.mktemp("releases"))
+
+
+async def test_upgrade_from_the_previous_release_keeps_the_pause(kubelet, plugin, previous):
+    """Release 0.1.0 removes its socket without waiting for the kubelet, and says nothing
+    about it: the newcomer of this release pauses before registering, as before."""
+    node = await kubelet("1.26")
+    old = plugin(name="release-0.1.0", source=previous)
+    await assert_serves_units(node)
+    new = plugin(name="new")
+    await new.wait_for_log(lambda e: "Waiting for it to stop" in e.get("message", ""),
+                           what="the newcomer saying it waits")
+    assert await old.terminate() == 0
+    await node.wait_for_registrations(2, timeout=SETTLE)
+    await node.wait_for_devices(RESOURCE, timeout=SETTLE)
+    took_over = [m for m in messages(new) if "took over" in m]
+    assert len(took_over) == 1 and "after a pause" in took_over[0], took_over
