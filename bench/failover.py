@@ -47,15 +47,14 @@ async def _handovers(directory: Path, kill: bool) -> list[float]:
             await _wait_for_waiting(new)
             registered = len(kubelet.registrations)
             gone = time.perf_counter()
-            if kill:
-                old.send_signal(signal.SIGKILL)
-                old.wait()
-            else:
-                _stop(old)
+            # Never block this loop waiting for the old process: the emulated kubelet runs
+            # on it, and the old instance waits for the kubelet to drop its connection.
+            old.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
             await kubelet.wait_until(lambda n=registered: len(kubelet.registrations) > n,
                                      timeout=30, what="the newcomer's registration")
             await kubelet.wait_for_devices(RESOURCE, timeout=30)
             figures.append(time.perf_counter() - gone)
+            await asyncio.to_thread(old.wait, 10)
             old = new
         _stop(old)
     return figures

@@ -249,7 +249,7 @@ async def test_one_stream_latest_list_and_no_reconnect(stack, sockdir, model):
         await kubelet.allocate(RESOURCE, ["a"])
 
 
-@pytest.mark.parametrize("model", ["1.9", "1.26"])
+@pytest.mark.parametrize("model", ["1.9", "1.24"])
 async def test_newest_registration_wins(stack, sockdir, model):
     kubelet = await stack(KubeletEmulator(sockdir, model))
     old = await stack(FakePlugin(sockdir, "old.sock", kubelet.generation, tag="old"))
@@ -267,6 +267,66 @@ async def test_newest_registration_wins(stack, sockdir, model):
     allocation = await kubelet.allocate(RESOURCE, ["x"])
     assert allocation.envs["FAKE_TAG"] == "new"
     assert [r.endpoint for r in kubelet.registrations] == ["old.sock", "new.sock"]
+
+
+async def _old_then_new(stack, sockdir, kubelet):
+    """Two instances of one resource on two sockets, the second registered while the first
+    still streams (what a plugin that registers before its predecessor has gone does)."""
+    old = await stack(FakePlugin(sockdir, "old.sock", kubelet.generation, tag="old"))
+    new = await stack(FakePlugin(sockdir, "new.sock", kubelet.generation,
+                                 {"x": "Healthy"}, tag="new"))
+    await old.register(kubelet.socket_path, resource_name=RESOURCE)
+    await kubelet.wait_for_devices(RESOURCE, lambda d: sorted(d) == ["a", "b"])
+    await new.register(kubelet.socket_path, resource_name=RESOURCE)
+    await kubelet.wait_for_devices(RESOURCE, lambda d: sorted(d) == ["x"])
+    return old, new
+
+
+@pytest.mark.parametrize("model", ["1.26", "1.35"])
+async def test_an_older_stream_ending_disconnects_the_newest_client(stack, sockdir, model):
+    """handler.go before kubernetes#135437: ``runClient`` disconnects ``getClient(name)``."""
+    kubelet = await stack(KubeletEmulator(sockdir, model))
+    old, new = await _old_then_new(stack, sockdir, kubelet)
+    assert old.streams_active == 1  # the old client keeps running beside the new one
+    old.set_devices({"zzz": "Healthy"})  # and its lists still reach the manager
+    await kubelet.wait_for_devices(RESOURCE, lambda d: sorted(d) == ["zzz"])
+
+    old.end_streams()
+    await kubelet.wait_until(lambda: new.streams_active == 0, what="the new stream closed")
+    assert not kubelet.is_connected(RESOURCE)
+    assert not any(d.healthy for d in kubelet.devices(RESOURCE).values())
+    assert [e.socket_path for e in kubelet.clients.dropped_by_older] == [new.socket_path]
+
+
+async def test_1_36_an_older_stream_ending_still_marks_the_resource_unhealthy(stack, sockdir):
+    """Clients keyed by socket path too (#135437): the new stream stays, but
+    ``PluginDisconnected(name)`` marks the resource's devices unhealthy until its next list."""
+    kubelet = await stack(KubeletEmulator(sockdir, "1.36"))
+    old, new = await _old_then_new(stack, sockdir, kubelet)
+    old.end_streams()
+    await kubelet.wait_for_devices(RESOURCE, lambda d: d and not any(
+        x.healthy for x in d.values()))
+    assert new.streams_active == 1 and kubelet.endpoint_socket(RESOURCE) == new.socket_path
+    assert kubelet.clients.dropped_by_older == []
+    new.set_devices({"x": "Healthy", "y": "Healthy"})
+    await kubelet.wait_for_devices(RESOURCE, lambda d: sorted(d) == ["x", "y"])
+
+
+@pytest.mark.parametrize("model", ["1.24", "1.26", "1.36"])
+async def test_registering_after_the_old_stream_ended_keeps_the_new_plugin(stack, sockdir,
+                                                                           model):
+    kubelet = await stack(KubeletEmulator(sockdir, model))
+    old = await stack(FakePlugin(sockdir, "old.sock", kubelet.generation, tag="old"))
+    await old.register(kubelet.socket_path, resource_name=RESOURCE)
+    await kubelet.wait_for_devices(RESOURCE)
+    old.end_streams()
+    await kubelet.wait_until(lambda: not kubelet.is_connected(RESOURCE), what="old end")
+    new = await stack(FakePlugin(sockdir, "new.sock", kubelet.generation, {"x": "Healthy"}))
+    await new.register(kubelet.socket_path, resource_name=RESOURCE)
+    await kubelet.wait_for_devices(RESOURCE, lambda d: sorted(d) == ["x"])
+    await asyncio.sleep(0.3)
+    assert kubelet.is_connected(RESOURCE) and new.streams_active == 1
+    assert kubelet.clients.dropped_by_older == []
 
 
 async def test_allocation_is_normalised_across_generations(stack, sockdir):

@@ -25,9 +25,10 @@ import grpc
 
 from api_versions.wire import WireApi
 from compat_tests.kubelet import translate
+from compat_tests.kubelet.clients import Clients, rules_for, without_devices
 from compat_tests.kubelet.dra import DRA_PLUGIN_TYPE, DraConfig, DraManager, dra_gate
 from compat_tests.kubelet.endpoint import PluginEndpoint, go_status
-from compat_tests.kubelet.models import DEFAULT_MODEL, OptionsSource, StreamEnd, load_model
+from compat_tests.kubelet.models import DEFAULT_MODEL, OptionsSource, load_model
 from compat_tests.kubelet.podresources import (
     NodePods,
     PodClaimDevice,
@@ -36,7 +37,6 @@ from compat_tests.kubelet.podresources import (
 )
 from compat_tests.kubelet.registration import RegistrationRefused, RegistrationService
 from compat_tests.kubelet.results import (
-    UNHEALTHY,
     ContainerAllocation,
     EmulatedDevice,
     FeatureUnavailable,
@@ -136,7 +136,8 @@ class KubeletEmulator:
             self.model, self.wire, self._accept, self._refuse,
             accept_no_version=accept_no_version, hang=hang_register, on_call=self._notify,
         )
-        self._endpoints: dict[str, PluginEndpoint] = {}
+        self.clients = Clients(rules_for(self.model.minor))
+        self._endpoints: dict[str, PluginEndpoint] = self.clients.current
         self._devices: dict[str, dict[str, EmulatedDevice]] = {}
         self._lists: dict[str, list[list[str]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -242,7 +243,7 @@ class KubeletEmulator:
             await server.stop(0)
         for task in list(self._tasks):
             task.cancel()
-        endpoints, self._endpoints = list(self._endpoints.values()), {}
+        endpoints = self.clients.clear()
         self._devices.clear()
         for endpoint in endpoints:
             await endpoint.close()
@@ -331,9 +332,9 @@ class KubeletEmulator:
         await self._install(endpoint)
 
     async def _install(self, endpoint: PluginEndpoint) -> None:
-        """Make ``endpoint`` the resource's plugin (newest wins) and open its stream."""
-        old = self._endpoints.get(endpoint.resource_name)
-        self._endpoints[endpoint.resource_name] = endpoint
+        """Make ``endpoint`` the resource's plugin (newest wins; see ``clients`` for what
+        becomes of the old one) and open its stream."""
+        old = self.clients.install(endpoint)
         endpoint.start_stream(self._on_update, self._on_stream_end)
         if old is not None:
             log.info("kubelet %s: %s replaces %s", self.model.name, endpoint, old)
@@ -369,7 +370,7 @@ class KubeletEmulator:
     # -- ListAndWatch -----------------------------------------------------------------------
 
     def _on_update(self, endpoint: PluginEndpoint, devices: dict[str, EmulatedDevice]) -> None:
-        if self._endpoints.get(endpoint.resource_name) is not endpoint:
+        if not self.clients.feeds(endpoint, devices):
             return
         self._devices[endpoint.resource_name] = devices
         self._lists.setdefault(endpoint.resource_name, []).append(sorted(devices))
@@ -382,22 +383,16 @@ class KubeletEmulator:
 
     def _on_stream_end(self, endpoint: PluginEndpoint, reason: str) -> None:
         name = endpoint.resource_name
-        if self._endpoints.get(name) is not endpoint:
+        devices_go, disconnected = self.clients.ended(endpoint)
+        for gone in (endpoint, disconnected):  # the kubelet's Disconnect closes its connection
+            if gone is not None and not gone.closed:
+                self._spawn(gone.close())
+        if not devices_go:
             return
-        del self._endpoints[name]
-        if self.model.table.stream_end is StreamEnd.DROP:
-            self._devices.pop(name, None)
-            outcome = "devices dropped"
-        else:
-            self._devices[name] = {
-                i: EmulatedDevice(d.id, UNHEALTHY, d.numa_nodes)
-                for i, d in self._devices.get(name, {}).items()
-            }
-            outcome = "devices marked unhealthy"
-        log.warning(
-            "kubelet %s: ListAndWatch of %s ended (%s); %s, waiting for a new registration",
-            self.model.name, name, reason, outcome,
-        )
+        self._devices, outcome = without_devices(self._devices, name, self.model.table.stream_end)
+        log.warning("kubelet %s: ListAndWatch of %s ended (%s)%s; %s, waiting for a new "
+                    "registration", self.model.name, name, reason,
+                    f", disconnecting the newer {disconnected}" if disconnected else "", outcome)
         self._notify()
 
     def _notify(self) -> None:

@@ -134,4 +134,5 @@ class PluginEndpoint:
             self._stream_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._stream_task
+        self._stream = None  # a live call object keeps its transport (the connection) open
         await self._channel.close()

@@ -160,6 +160,8 @@ class Bound:
     """The file put there: removed on the way out only while it is still this one."""
     replaced_stale: bool
     """A dead socket (nothing answered on it) was at the path and was replaced."""
+    bound_at: str = ""
+    """The path the listener was bound at (what ``/proc/net/unix`` shows for it)."""
 
 
 async def serve_in_place(path: Path, handlers: Sequence[grpc.GenericRpcHandler],
@@ -185,4 +187,5 @@ async def serve_in_place(path: Path, handlers: Sequence[grpc.GenericRpcHandler],
         except BaseException:
             await server.stop(None)
             raise
-        return Bound(server, identity(path), found.state is PathState.STALE)
+        return Bound(server, identity(path), found.state is PathState.STALE,
+                     str(staged.absolute()))

@@ -71,7 +71,12 @@ class Timing:
     handover_settle: float = 0.1
     """Pause between taking over a socket and registering, so the kubelet has processed the
     previous holder's stream end first (kubelets before kubernetes#135437 drop a newer
-    registration of the same resource when the older stream's end is handled after it)."""
+    registration of the same resource when the older stream's end is handled after it).
+    Skipped after a holder that removed its socket only once the kubelet had handled that
+    end (see :mod:`plugin.serving.deviceplugin.handover`)."""
+    release_wait: float = 1.0
+    """How long a stopping instance waits for the kubelet to drop its connections (after
+    its streams ended) before removing its socket anyway."""
     watcher_wait: float = 5.0
     """How long ``auto`` waits for a kubelet to register the watcher socket (its plugin
     manager reconciles every second) before registering through ``kubelet.sock``."""
@@ -112,6 +117,9 @@ class ResourceServer(SocketLifecycle, KubeletSocketChannel, WatcherChannel):
         self._socket_freed = asyncio.Event()
         self._round_target: FileIdentity | None = None
         self._waited_for: SocketHeld | None = None
+        self._holder_in_order = False
+        self._bound_at = ""
+        self._replaced_stale = False
         self._waiting_since = self._last_reminder = 0.0
         self._stop = asyncio.Event()
         self._chooser = ChannelChooser(registration, registry_dir,
@@ -181,10 +189,14 @@ class ResourceServer(SocketLifecycle, KubeletSocketChannel, WatcherChannel):
                 log.info("%s: serving anew", self.resource_name)
                 continue
             if self._waited_for is not None:
-                log.info("%s: took over %s from %s", self.resource_name, self.socket_path,
-                         self._waited_for.probe.describe())
+                at_once = self._holder_in_order and not self._replaced_stale
+                log.info("%s: took over %s from %s; registering %s", self.resource_name,
+                         self.socket_path, self._waited_for.probe.describe(),
+                         "at once (the kubelet has handled its stream's end)" if at_once
+                         else "after a pause (the kubelet may not have handled its end yet)")
                 self._waited_for = None
-                await self._pause(self.timing.handover_settle, wake_on_kubelet=False)
+                if not at_once:
+                    await self._pause(self.timing.handover_settle, wake_on_kubelet=False)
             hold = (self._be_found_and_hold if self.channel is Channel.PLUGIN_WATCHER
                     else self._register_and_hold)
             holder = asyncio.create_task(hold())

@@ -22,6 +22,11 @@ from grpc_health.v1.health import aio as health_aio
 
 from plugin.process import metrics
 from plugin.serving.deviceplugin.channels import Channel, ChannelChooser
+from plugin.serving.deviceplugin.handover import (
+    ORDERED_HANDOVER,
+    hands_over_in_order,
+    kubelet_released,
+)
 from plugin.serving.routing import FileIdentity, GenerationRouter, identity
 from plugin.serving.socket_claim import (
     PathState,
@@ -60,6 +65,9 @@ class SocketLifecycle:
     _stop: asyncio.Event
     _socket_freed: asyncio.Event
     _waited_for: SocketHeld | None
+    _holder_in_order: bool
+    _bound_at: str
+    _replaced_stale: bool
     _waiting_since: float
     _last_reminder: float
     _chooser: ChannelChooser
@@ -71,6 +79,7 @@ class SocketLifecycle:
         """Wait until the process serving our socket path is gone, without touching it."""
         now = asyncio.get_running_loop().time()
         if self._waited_for is None:
+            self._holder_in_order = await hands_over_in_order(held.path)
             log.warning(
                 "%s: %s; another instance of this plugin (a rolling update) or the plugin it "
                 "replaces is still running. Waiting for it to stop; taking over then.",
@@ -108,9 +117,11 @@ class SocketLifecycle:
     async def _serve(self) -> None:
         if self.channel is Channel.KUBELET_SOCKET:
             self.directory.mkdir(parents=True, exist_ok=True)
+        await self._health.set(ORDERED_HANDOVER, health_pb2.HealthCheckResponse.SERVING)
         bound = await serve_in_place(self.socket_path, [self._router], self._health,
                                      under_lock=self._check_other_channel)
         self._server, self._served = bound.server, bound.served
+        self._bound_at, self._replaced_stale = bound.bound_at, bound.replaced_stale
         if bound.replaced_stale:
             log.info("%s: replacing stale %s (nothing was serving it)", self.resource_name,
                      self.socket_path)
@@ -164,9 +175,19 @@ class SocketLifecycle:
         if self.generation is not None:
             metrics.registered(self.resource_name, None, self._generation_names)
         self.generation = None
+        if server is not None and self._stop.is_set():
+            # Stopping for good: the socket goes once the kubelet has handled the end of our
+            # streams (see plugin.serving.deviceplugin.handover), and before the server's
+            # own stop, so the next instance, woken by its removal, may register at once.
+            await kubelet_released(self._bound_at, self.timing.release_wait)
+            self._remove_ours()
         if server is not None:
             await server.stop(self.timing.stop_grace)
+        self._remove_ours()
+        self._served = None
+
+    def _remove_ours(self) -> None:
+        """Remove the socket at our path if it is still the one this server put there."""
         if self._served is not None and identity(self.socket_path) == self._served:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.socket_path)
-        self._served = None

@@ -180,6 +180,8 @@ class SlicePublisher:
         if (content == self._last_content and version == self._last_version
                 and stored == self._written):
             return
+        if self._last_content is None and self._adopt(version, content, existing):
+            return
         self._generation = max([self._generation, *map(pool_generation_of, existing)]) + 1
         wanted = self._build(version, self._generation, self._node_uid, self._taints)
         existing.sort(key=name_of)
@@ -207,6 +209,32 @@ class SlicePublisher:
         metrics.dra_slices_published(self.driver)
         log.info("published %d device slice(s) of %s as pool generation %d "
                  "(resource.k8s.io/%s)", len(wanted), self.node, self._generation, version)
+
+    def _adopt(self, version: str, content: Any, existing: list[Any]) -> bool:
+        """Take over the pool as it stands if it is exactly what this instance would write.
+
+        A rolling update starts a new instance while the old one's slices are published: the
+        same devices, the same content. Writing them again under a higher generation would
+        be churn every watcher of slices pays for (and a window in which the scheduler sees
+        a pool being replaced); the newcomer takes them as its own instead. Anything that
+        differs (other devices, a server that stored them otherwise) is written as usual.
+        """
+        generations = {pool_generation_of(o) for o in existing}
+        if len(generations) != 1:
+            return False
+        generation = generations.pop()
+        wanted = self._build(version, generation, self._node_uid, self._taints)
+        ordered = sorted(existing, key=name_of)
+        if len(wanted) != len(ordered) or any(
+                w.get("spec") != o.get("spec") for w, o in zip(wanted, ordered, strict=True)):
+            return False
+        self._generation = generation
+        self._written = {name_of(o): resource_version_of(o) for o in ordered}
+        self._last_content, self._last_version = content, version
+        log.info("the %d device slice(s) of %s already published (pool generation %d) are "
+                 "what this instance would publish; taking them over unchanged",
+                 len(ordered), self.node, generation)
+        return True
 
     async def _watch(self) -> None:
         """Wake the reconciler when a slice of ours is deleted or changed by someone else.
