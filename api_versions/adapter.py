@@ -1,6 +1,6 @@
 """What every generation's adapter shares: registration request, ListAndWatch, refusals.
 
-An adapter is a pure translator between the internal model (``plugin.model.devices``) and one wire
+An adapter is a pure translator between the internal model (``value_types.devices``) and one wire
 generation. It holds no device state: the served resource hands it the live feed, and the
 Allocate decisions come from ``plugin.model.allocation`` so every generation refuses alike.
 """
@@ -21,10 +21,10 @@ from packaging.version import Version
 from api_versions.wire import Method, WireApi, rpc_handler
 from api_versions.wire_values import ReportOnce, id_problem, shown_id
 from plugin.model.allocation import AllocationError, ContainerAllocation, allocate
-from plugin.model.devices import Device, DeviceNode, Health, Mount
 from plugin.model.feed import DeviceFeed
 from plugin.process import metrics
 from plugin.serving.cdi import CdiPolicy
+from value_types.devices import Device, DeviceNode, Health, Mount
 
 log = logging.getLogger(__name__)
 

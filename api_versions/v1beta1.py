@@ -9,7 +9,7 @@ from google.protobuf.message import Message
 
 from api_versions.adapter import Adapter, Behaviour, ServedResource
 from plugin.model.allocation import preference_matters, preferred_allocation
-from plugin.model.devices import MAX_NUMA_NODES, Device
+from value_types.devices import MAX_NUMA_NODES, Device
 
 
 class V1Beta1(Adapter):

@@ -13,7 +13,7 @@ from plugin.model.allocation import (
     allocate,
     preferred_allocation,
 )
-from plugin.model.devices import Device, DeviceNode, DeviceSet, Health
+from value_types.devices import Device, DeviceNode, DeviceSet, Health
 
 
 def units(n: int) -> DeviceSet:

@@ -36,7 +36,6 @@ from compat_tests.fake_sysfs import (
 )
 from plugin.discovery.backends import make_backend
 from plugin.discovery.backends.units import UnitsBackend
-from plugin.model.devices import Device, DeviceSet, Health
 from plugin.serving.dra.inventory import (
     AttributeKind,
     AttributeValue,
@@ -48,6 +47,7 @@ from plugin.serving.dra.inventory import (
     is_dns_label,
     pool_of,
 )
+from value_types.devices import Device, DeviceSet, Health
 
 DRIVER = "fpga.b-com.com"
 NODE = "worker-1"

@@ -20,8 +20,8 @@ from api_versions.negotiate import (
 )
 from api_versions.retry import RetryPolicy
 from api_versions.wire import WireApi, rpc_handler
-from plugin.model.devices import Device, DeviceSet
 from plugin.model.feed import DeviceFeed
+from value_types.devices import Device, DeviceSet
 
 FAST = RetryPolicy(attempts=4, initial_backoff=0.01, max_backoff=0.02, jitter=0.0,
                    register_timeout=2.0)

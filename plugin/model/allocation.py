@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from plugin.model.devices import Device, DeviceNode, DeviceSet, Mount, natural_key
+from value_types.devices import Device, DeviceNode, DeviceSet, Mount, natural_key
 
 ENV_UNITS = "ACCELERATOR_UNITS"
 """Comma-joined allocated IDs, in request order (the b<>com plugin's variable)."""

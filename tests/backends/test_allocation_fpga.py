@@ -14,7 +14,7 @@ from plugin.model.allocation import (
     allocate,
     preferred_allocation,
 )
-from plugin.model.devices import DeviceSet
+from value_types.devices import DeviceSet
 
 
 def intel_devices(node: FakeNode) -> DeviceSet:

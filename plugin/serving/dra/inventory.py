@@ -1,6 +1,6 @@
 """What this node's devices look like as DRA devices: one pool per driver and node.
 
-A pure function of a :class:`~plugin.model.devices.DeviceSet`, with no I/O and no API version
+A pure function of a :class:`~value_types.devices.DeviceSet`, with no I/O and no API version
 in sight: the shapes in ``api_versions`` turn a :class:`Pool` into ResourceSlices of whichever
 resource.k8s.io version the server speaks, and the driver maps allocated device names back
 to device IDs through :meth:`Pool.device_id`.
@@ -82,8 +82,8 @@ from enum import Enum
 from functools import cached_property
 from types import MappingProxyType
 
-from plugin.model.devices import Device, DeviceSet
 from plugin.model.programming import Programmable, never
+from value_types.devices import Device, DeviceSet
 
 MAX_NAME = 63
 MAX_STRING_BYTES = 64
