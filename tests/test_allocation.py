@@ -9,10 +9,10 @@ from hypothesis import strategies as st
 from plugin.model.allocation import (
     ENV_DEVICES,
     ENV_UNITS,
-    AllocationError,
     allocate,
     preferred_allocation,
 )
+from value_types.allocation import AllocationError
 from value_types.devices import Device, DeviceNode, DeviceSet, Health
 
 

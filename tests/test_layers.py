@@ -31,11 +31,6 @@ KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
         "the CLI's demo command; being removed from the installed CLI on another branch",
     ("plugin/cli/main.py", "compat_tests.demo"):
         "the CLI's demo command; being removed from the installed CLI on another branch",
-    ("api_versions/adapter.py", "plugin.model.allocation"): "allocation not yet inverted",
-    ("api_versions/adapter.py", "plugin.model.feed"): "allocation not yet inverted",
-    ("api_versions/adapter.py", "plugin.process"): "allocation not yet inverted",
-    ("api_versions/adapter.py", "plugin.serving.cdi"): "allocation not yet inverted",
-    ("api_versions/v1beta1.py", "plugin.model.allocation"): "allocation not yet inverted",
     ("api_versions/resource_slices.py", "plugin.serving.dra.inventory"): "pool not yet moved",
 }
 """(file, imported module) pairs still pointing upward, each with the reason it is tolerated."""

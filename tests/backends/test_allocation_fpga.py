@@ -10,10 +10,10 @@ from plugin.discovery.backends.intel import IntelBackend
 from plugin.model.allocation import (
     ENV_DEVICES,
     ENV_UNITS,
-    AllocationError,
     allocate,
     preferred_allocation,
 )
+from value_types.allocation import AllocationError
 from value_types.devices import DeviceSet
 
 
