@@ -31,7 +31,6 @@ KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
         "the CLI's demo command; being removed from the installed CLI on another branch",
     ("plugin/cli/main.py", "compat_tests.demo"):
         "the CLI's demo command; being removed from the installed CLI on another branch",
-    ("api_versions/resource_slices.py", "plugin.serving.dra.inventory"): "pool not yet moved",
 }
 """(file, imported module) pairs still pointing upward, each with the reason it is tolerated."""
 
