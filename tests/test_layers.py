@@ -35,14 +35,29 @@ KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
 """(file, imported module) pairs still pointing upward, each with the reason it is tolerated."""
 
 
+DYNAMIC_IMPORTS = {"import_module", "__import__"}
+"""Calls that import the module their first argument names, when that is a literal."""
+
+
 def imported_modules(tree: ast.AST) -> Iterator[tuple[int, str]]:
-    """Every absolute module an ``import`` or ``from ... import`` names, with its line."""
+    """Every absolute module an ``import``, ``from ... import`` or ``import_module("...")``
+    names, with its line."""
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield node.lineno, alias.name
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             yield node.lineno, node.module
+        elif isinstance(node, ast.Call) and node.args and _called(node.func) in DYNAMIC_IMPORTS:
+            first = node.args[0]
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                yield node.lineno, first.value
+
+
+def _called(func: ast.expr) -> str:
+    if isinstance(func, ast.Name):
+        return func.id
+    return func.attr if isinstance(func, ast.Attribute) else ""
 
 
 def upward_imports(root: Path, forbidden: dict[str, tuple[str, ...]]) -> list[tuple[str, int, str]]:
@@ -87,6 +102,8 @@ def test_every_layer_exists() -> None:
          "    from plugin.serving import cdi\n", "api_versions/bad.py:3: plugin.serving"),
         ("value_types", "import api_versions.wire\n", "value_types/bad.py:1: api_versions.wire"),
         ("plugin", "from compat_tests.demo import run\n", "plugin/bad.py:1: compat_tests.demo"),
+        ("api_versions", "import importlib\nimportlib.import_module('plugin.model')\n",
+         "api_versions/bad.py:2: plugin.model"),
     ],
 )
 def test_the_check_sees_every_kind_of_upward_import(
