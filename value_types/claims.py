@@ -3,8 +3,13 @@
 The kubelet's NodePrepareResources carries only a claim's namespace, name and UID; the
 allocation comes from the API server, where resource.k8s.io v1, v1beta2 and v1beta1 spell it
 alike (``status.allocation.devices.results[]``). The adapters in ``api_versions`` turn a claim
-object of any version into these values, and everything in this package works on them, so no
-wire shape leaks into the driver.
+object of any version into these values, and the driver (``plugin.serving.dra``) works on
+them, so no wire shape leaks into the driver.
+
+What preparing a claim answers travels back the same way: a :class:`ClaimResult` of
+:class:`PreparedDevice` values, which :mod:`api_versions.dra_plugin` turns into whichever
+``NodePrepareResourceResponse`` the kubelet's service spells, and which the driver's
+checkpoint keeps as JSON (``to_json``/``from_json``) so a repeated call answers alike.
 """
 
 from __future__ import annotations

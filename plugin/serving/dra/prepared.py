@@ -1,9 +1,10 @@
 """What preparing a claim produced: the values the checkpoint keeps and the kubelet is told.
 
-No wire type here: :mod:`api_versions.dra_plugin` turns a :class:`ClaimResult` into whichever
-``NodePrepareResourceResponse`` the kubelet's service spells, and the checkpoint stores a
-:class:`PreparedClaim` as JSON. Keeping one shape for both is what makes a repeated
-NodePrepareResources answer exactly what the first one did, even across a restart.
+No wire type here: :mod:`api_versions.dra_plugin` turns a
+:class:`~value_types.claims.ClaimResult` into whichever ``NodePrepareResourceResponse`` the
+kubelet's service spells, and the checkpoint stores a :class:`PreparedClaim` as JSON.
+Keeping one shape for both is what makes a repeated NodePrepareResources answer exactly what
+the first one did, even across a restart.
 """
 
 from __future__ import annotations
