@@ -1,6 +1,6 @@
 """What every generation's adapter shares: registration request, ListAndWatch, refusals.
 
-An adapter is a pure translator between the internal model (``plugin.model.devices``) and one wire
+An adapter is a pure translator between the internal model (``value_types.devices``) and one wire
 generation. It holds no device state: the served resource hands it the live feed, and the
 Allocate decisions come from ``plugin.model.allocation`` so every generation refuses alike.
 """
@@ -20,28 +20,71 @@ from packaging.version import Version
 
 from api_versions.wire import Method, WireApi, rpc_handler
 from api_versions.wire_values import ReportOnce, id_problem, shown_id
-from plugin.model.allocation import AllocationError, ContainerAllocation, allocate
-from plugin.model.devices import Device, DeviceNode, Health, Mount
-from plugin.model.feed import DeviceFeed
-from plugin.process import metrics
-from plugin.serving.cdi import CdiPolicy
+from value_types.allocation import AllocationError, ContainerAllocation
+from value_types.devices import Device, DeviceNode, DeviceSet, Health, Mount
 
 log = logging.getLogger(__name__)
 
 Behaviour = Callable[[Any, grpc.aio.ServicerContext], Any]
 
 
+class DeviceSource(Protocol):
+    """A resource's live devices: the snapshot now, and every newer one as it comes."""
+
+    @property
+    def current(self) -> DeviceSet: ...
+
+    def subscribe(self) -> AsyncIterator[DeviceSet]: ...
+
+
+class CdiNaming(Protocol):
+    """How Allocate names devices when CDI is on."""
+
+    @property
+    def device_specs(self) -> bool:
+        """Whether device nodes are still sent as DeviceSpecs next to the CDI names."""
+        ...
+
+    def qualified(self, device_ids: tuple[str, ...] | list[str]) -> list[str]:
+        """The fully qualified CDI names of ``device_ids``."""
+        ...
+
+
+class Allocator(Protocol):
+    """The device logic behind Allocate and GetPreferredAllocation, owned by the plugin."""
+
+    def allocate(self, devices: DeviceSet, requested: Sequence[str]) -> ContainerAllocation:
+        """One container's share, or :class:`AllocationError` naming what is refused."""
+        ...
+
+    def preferred(self, devices: DeviceSet, available: Sequence[str],
+                  must_include: Sequence[str], size: int) -> list[str]:
+        """The IDs the kubelet should pick for one container."""
+        ...
+
+    def preference_matters(self, devices: DeviceSet) -> bool:
+        """Whether a preferred allocation can change anything (and so is advertised)."""
+        ...
+
+    def counted(self, resource_name: str, generation: str, granted: bool) -> None:
+        """Told of every container's allocation granted or refused, for the metrics."""
+        ...
+
+
 class ServedResource(Protocol):
-    """The one thing an adapter needs from the plugin: a resource name and its live devices."""
+    """What an adapter needs from the plugin: a name, its live devices, and its rules."""
 
     @property
     def resource_name(self) -> str: ...
 
     @property
-    def feed(self) -> DeviceFeed: ...
+    def feed(self) -> DeviceSource: ...
 
     @property
-    def cdi(self) -> CdiPolicy | None:
+    def allocator(self) -> Allocator: ...
+
+    @property
+    def cdi(self) -> CdiNaming | None:
         """How Allocate names devices when CDI is on; None when it is off."""
         ...
 
@@ -155,13 +198,14 @@ class Adapter(ABC):
     ]:
         """Allocate for every container or for none: the kubelet rejects the pod on error."""
         devices = resource.feed.current
+        allocator = resource.allocator
         try:
-            granted = [allocate(devices, list(ids)) for ids in containers]
+            granted = [allocator.allocate(devices, list(ids)) for ids in containers]
         except AllocationError:
-            metrics.allocation(resource.resource_name, self.name, granted=False)
+            allocator.counted(resource.resource_name, self.name, granted=False)
             raise
         for _ in granted:
-            metrics.allocation(resource.resource_name, self.name, granted=True)
+            allocator.counted(resource.resource_name, self.name, granted=True)
         # Logged once the answer is on its way: the kubelet waits on the answer, not the log.
         asyncio.get_running_loop().call_soon(_log_granted, resource.resource_name, granted,
                                              self.name)

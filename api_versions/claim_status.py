@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from api_versions.resource_versions import api_version, check_known
-from plugin.serving.dra.claims_model import ClaimRef, DeviceCondition, DeviceStatusReport
+from value_types.claims import ClaimRef, DeviceCondition, DeviceStatusReport
 
 KIND = "ResourceClaim"
 MAX_CONDITIONS = 8

@@ -3,9 +3,9 @@
 Pure translation between the wire of every DRA service a kubelet may pick (``v1.DRAPlugin``
 1.34+, ``v1beta1.DRAPlugin`` 1.32+, 1.31's ``v1alpha3.Node``, ``v1.DRAResourceHealth`` 1.37+
 and ``v1alpha1.DRAResourceHealth`` 1.34+)
-and the driver's values (:class:`~plugin.serving.dra.claims_model.ClaimRef`,
-:class:`~plugin.serving.dra.prepared.ClaimResult`,
-:class:`~plugin.serving.dra.health.DeviceHealthReport`). The claim services' messages are
+and the driver's values (:class:`~value_types.claims.ClaimRef`,
+:class:`~value_types.claims.ClaimResult`,
+:class:`~value_types.health.DeviceHealthReport`). The claim services' messages are
 field for field the same, so one translation serves all three; a field an older kubelet does
 not know (v1's ``share_id``, health's ``message``) is skipped by its protobuf decoder. The two
 health services have the same messages under two proto packages, so one translation serves
@@ -36,9 +36,8 @@ from api_versions import dra_services
 from api_versions.dra_services import DRA_PLUGIN_TYPE, SUPPORTED_VERSIONS, DraService
 from api_versions.watcher import RegistrationOutcome, plugin_registration_handlers
 from api_versions.wire import WireApi, rpc_handler
-from plugin.serving.dra.claims_model import ClaimRef
-from plugin.serving.dra.health import DeviceHealthReport, HealthState
-from plugin.serving.dra.prepared import ClaimResult
+from value_types.claims import ClaimRef, ClaimResult
+from value_types.health import DeviceHealthReport, HealthState
 
 log = logging.getLogger(__name__)
 

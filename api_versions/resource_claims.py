@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from api_versions.resource_versions import api_version, check_known
-from plugin.serving.dra.claims_model import (
+from value_types.claims import (
     AllocationResult,
     ClaimAllocation,
     ClaimRef,

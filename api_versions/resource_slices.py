@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from api_versions.resource_versions import api_version, check_known
-from plugin.serving.dra.inventory import AttributeKind, AttributeValue, DraDevice, Pool
+from value_types.pool import AttributeKind, AttributeValue, DraDevice, Pool
 
 KIND = "ResourceSlice"
 MAX_DEVICES = 128

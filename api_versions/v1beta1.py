@@ -8,8 +8,7 @@ import grpc
 from google.protobuf.message import Message
 
 from api_versions.adapter import Adapter, Behaviour, ServedResource
-from plugin.model.allocation import preference_matters, preferred_allocation
-from plugin.model.devices import MAX_NUMA_NODES, Device
+from value_types.devices import MAX_NUMA_NODES, Device
 
 
 class V1Beta1(Adapter):
@@ -26,7 +25,8 @@ class V1Beta1(Adapter):
         return self.wire.new(
             "DevicePluginOptions",
             pre_start_required=self.pre_start_required,
-            get_preferred_allocation_available=preference_matters(resource.feed.current),
+            get_preferred_allocation_available=resource.allocator.preference_matters(
+                resource.feed.current),
         )
 
     def register_extras(self, resource: ServedResource) -> dict[str, Any]:
@@ -52,10 +52,11 @@ class V1Beta1(Adapter):
 
         async def preferred(request: Any, _context: grpc.aio.ServicerContext) -> Message:
             devices = resource.feed.current
+            allocator = resource.allocator
             answers = [
                 self.wire.new(
                     "ContainerPreferredAllocationResponse",
-                    deviceIDs=preferred_allocation(
+                    deviceIDs=allocator.preferred(
                         devices,
                         list(c.available_deviceIDs),
                         list(c.must_include_deviceIDs),

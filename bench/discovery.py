@@ -25,8 +25,8 @@ from compat_tests.fake_sysfs import (
 from plugin.discovery.backends import BackendConfig, make_backend
 from plugin.discovery.backends.aws import AwsBackend
 from plugin.discovery.backends.base import Backend
-from plugin.model.devices import DeviceSet
 from plugin.model.resources import group_by_resource
+from value_types.devices import DeviceSet
 
 FAST_TMP = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
 TARGET = "< 100 ms"

@@ -31,9 +31,10 @@ from compat_tests.fake_sysfs import OTHER_AFU_ID, FakeNode
 from plugin.cli import config
 from plugin.cli.config import parse
 from plugin.discovery.backends import make_backend
-from plugin.model.devices import DeviceSet
 from plugin.programming.setup import why_not_programmable
-from plugin.serving.dra.inventory import Pool, pool_of
+from plugin.serving.dra.inventory import pool_of
+from value_types.devices import DeviceSet
+from value_types.pool import Pool
 
 DRIVER = config.DEFAULT_DRA_DRIVER
 NODE = "fpga-node-1"

@@ -23,10 +23,10 @@ from compat_tests.apiserver.client import ApiClient
 from compat_tests.dra_support import until
 from compat_tests.fake_sysfs import CRASHED_AFU_ID, FakeNode
 from plugin.discovery.backends.intel import IntelBackend
-from plugin.model.devices import DeviceSet
 from plugin.serving.dra.apiserver import ApiRefused, ApiServer, NoResourceApi
 from plugin.serving.dra.inventory import pool_of
 from plugin.serving.dra.publisher import SlicePublisher
+from value_types.devices import DeviceSet
 
 NODE = "node-a"
 DRIVER = "accelerator.b-com.com"

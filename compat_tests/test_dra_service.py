@@ -21,7 +21,6 @@ from api_versions.dra_services import SUPPORTED_VERSIONS
 from api_versions.watcher import RegistrationOutcome
 from compat_tests.conftest import FAST_DRA
 from compat_tests.kubelet import ClaimRef, DraConfig, PreparedDevice
-from plugin.model.devices import Device, DeviceSet, Health
 from plugin.model.feed import DeviceFeed
 from plugin.serving.dra.checkpoint import ClaimCheckpoint
 from plugin.serving.dra.claim_cdi import ClaimSpecs, accelerator_env
@@ -30,6 +29,7 @@ from plugin.serving.dra.prepare import ClaimPreparer
 from plugin.serving.dra.service import DraNodeService, ServiceTiming
 from plugin.serving.routing import identity
 from tests.dra_fakes import DRIVER, NAMES, PCI, POOL, FakeClaims, allocation, cdi_ids
+from value_types.devices import Device, DeviceSet, Health
 
 FAST = ServiceTiming(check_interval=0.2, holder_poll=0.05, retry=0.1)
 V1, V1BETA1, V1ALPHA4 = "v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha3.NodeService"

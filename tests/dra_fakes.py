@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plugin.serving.cdi import device_name
-from plugin.serving.dra.claims_model import AllocationResult, ClaimAllocation, ClaimRef
 from plugin.serving.dra.prepare import ClaimNotFound
+from value_types.claims import AllocationResult, ClaimAllocation, ClaimRef
 
 DRIVER = "fpga.b-com.com"
 POOL = "node-1"

@@ -9,11 +9,11 @@ from hypothesis import strategies as st
 from plugin.model.allocation import (
     ENV_DEVICES,
     ENV_UNITS,
-    AllocationError,
     allocate,
     preferred_allocation,
 )
-from plugin.model.devices import Device, DeviceNode, DeviceSet, Health
+from value_types.allocation import AllocationError
+from value_types.devices import Device, DeviceNode, DeviceSet, Health
 
 
 def units(n: int) -> DeviceSet:

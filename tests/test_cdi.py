@@ -14,7 +14,6 @@ from compat_tests.fake_sysfs import build_intel_node
 from plugin.discovery.backends.alveo import AlveoBackend
 from plugin.discovery.backends.intel import IntelBackend
 from plugin.discovery.backends.units import UnitsBackend
-from plugin.model.devices import Device, DeviceNode, DeviceSet, Mount
 from plugin.serving.cdi import (
     CdiPolicy,
     SpecWriter,
@@ -25,6 +24,7 @@ from plugin.serving.cdi import (
     spec_file_name,
 )
 from tests.cdi_conformance import check
+from value_types.devices import Device, DeviceNode, DeviceSet, Mount
 
 ACCELERATOR = "b-com.com/accelerator"
 ALVEO = "amd.com/xilinx_u250_gen3x16_xdma_shell_4_1-1605029394"

@@ -14,7 +14,7 @@ from plugin.serving.dra.apiserver import (
     NotFound,
 )
 from plugin.serving.dra.claims_held import claim_in_use as _claim_in_use
-from plugin.serving.dra.claims_model import ClaimRef
+from value_types.claims import ClaimRef
 
 REF = ClaimRef(namespace="default", name="pod-accelerators", uid="uid-1")
 

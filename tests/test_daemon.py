@@ -235,9 +235,9 @@ async def test_a_socket_that_cannot_be_served_is_retried_not_fatal(root: Path) -
     """The device-plugin directory is not creatable (a file is in the way): the server logs,
     keeps the process alive and serves once the obstacle is gone."""
     from api_versions.negotiate import adapters
-    from plugin.model.devices import DeviceSet
     from plugin.model.feed import DeviceFeed
     from plugin.serving.deviceplugin.server import ResourceServer
+    from value_types.devices import DeviceSet
 
     blocked = root / "dp"
     blocked.write_text("not a directory")

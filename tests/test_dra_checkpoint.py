@@ -11,9 +11,9 @@ import pytest
 
 from plugin.serving.dra import checkpoint as checkpoint_module
 from plugin.serving.dra.checkpoint import CheckpointError, CheckpointUnavailable, ClaimCheckpoint
-from plugin.serving.dra.claims_model import ClaimRef
-from plugin.serving.dra.prepared import PreparedClaim, PreparedDevice
+from plugin.serving.dra.prepared import PreparedClaim
 from plugin.version import VERSION
+from value_types.claims import ClaimRef, PreparedDevice
 
 
 def claim(uid, *devices, spec=None):

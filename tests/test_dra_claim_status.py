@@ -10,11 +10,11 @@ import pytest
 from api_versions.claim_status import MAX_DATA, status_apply
 from compat_tests.apiserver import validate
 from compat_tests.dra_support import until
-from plugin.model.devices import Device, DeviceNode, DeviceSet, Health
 from plugin.serving.dra.apiserver import ApiRefused, ApiUnavailable, NotFound
 from plugin.serving.dra.claim_status import ClaimStatusReporter
-from plugin.serving.dra.claims_model import ClaimRef, DeviceCondition, DeviceStatusReport
-from plugin.serving.dra.prepared import PreparedClaim, PreparedDevice
+from plugin.serving.dra.prepared import PreparedClaim
+from value_types.claims import ClaimRef, DeviceCondition, DeviceStatusReport, PreparedDevice
+from value_types.devices import Device, DeviceNode, DeviceSet, Health
 
 DRIVER = "accelerator.b-com.com"
 REF = ClaimRef("ns", "claim", "4f1d2a36-5b8e-4c3e-9d8f-0a1b2c3d4e5f")

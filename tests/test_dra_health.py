@@ -7,14 +7,10 @@ from dataclasses import replace
 
 import pytest
 
-from plugin.model.devices import Device, DeviceSet, Health
 from plugin.model.feed import DeviceFeed
-from plugin.serving.dra.health import (
-    DeviceHealthReport,
-    HealthBroadcaster,
-    HealthState,
-    health_of,
-)
+from plugin.serving.dra.health import HealthBroadcaster, health_of
+from value_types.devices import Device, DeviceSet, Health
+from value_types.health import DeviceHealthReport, HealthState
 
 NAMES = {"fpga-0": "0000:5e:00.0", "fpga-1": "0000:5e:00.1", "fpga-2": "0000:86:00.0"}
 STALLED = ("device discovery stalled: scan of intel has not returned for 10 s; "

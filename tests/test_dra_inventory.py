@@ -36,18 +36,9 @@ from compat_tests.fake_sysfs import (
 )
 from plugin.discovery.backends import make_backend
 from plugin.discovery.backends.units import UnitsBackend
-from plugin.model.devices import Device, DeviceSet, Health
-from plugin.serving.dra.inventory import (
-    AttributeKind,
-    AttributeValue,
-    DraDevice,
-    Pool,
-    attributes_of,
-    device_name,
-    health_code,
-    is_dns_label,
-    pool_of,
-)
+from plugin.serving.dra.inventory import attributes_of, device_name, health_code, pool_of
+from value_types.devices import Device, DeviceSet, Health
+from value_types.pool import AttributeKind, AttributeValue, DraDevice, Pool, is_dns_label
 
 DRIVER = "fpga.b-com.com"
 NODE = "worker-1"

@@ -14,9 +14,8 @@ from api_versions.dra_plugin import (
     unprepare_response,
 )
 from api_versions.wire import WireApi
-from plugin.serving.dra.claims_model import ClaimRef
-from plugin.serving.dra.health import DeviceHealthReport, HealthState
-from plugin.serving.dra.prepared import ClaimResult, PreparedDevice
+from value_types.claims import ClaimRef, ClaimResult, PreparedDevice
+from value_types.health import DeviceHealthReport, HealthState
 
 SERVICES = list(dra_services.PLUGIN_SERVICES)
 IDS = [s.name for s in SERVICES]

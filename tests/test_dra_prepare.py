@@ -9,13 +9,13 @@ import time
 
 import pytest
 
-from plugin.model.devices import Device, DeviceSet
 from plugin.serving.dra import claim_spec_files
 from plugin.serving.dra.checkpoint import ClaimCheckpoint
 from plugin.serving.dra.claim_cdi import ClaimSpecs, accelerator_env
 from plugin.serving.dra.prepare import ClaimPreparer
 from tests.cdi_conformance import check as check_cdi
 from tests.dra_fakes import DRIVER, NAMES, PCI, POOL, FakeClaims, allocation, cdi_ids, ref
+from value_types.devices import Device, DeviceSet
 
 
 @pytest.fixture

@@ -28,10 +28,11 @@ from compat_tests.fake_sysfs import (
 from plugin.cli.config import parse
 from plugin.cli.discover import render_json, render_table
 from plugin.discovery.backends import make_backend
-from plugin.model.devices import DeviceSet
 from plugin.model.programming import Programmable
 from plugin.programming.setup import why_not_programmable
-from plugin.serving.dra.inventory import AttributeKind, DraDevice, Pool, pool_of
+from plugin.serving.dra.inventory import pool_of
+from value_types.devices import DeviceSet
+from value_types.pool import AttributeKind, DraDevice, Pool
 
 DRIVER = "fpga.b-com.com"
 NODE = "worker-1"

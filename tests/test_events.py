@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 from compat_tests.dra_support import until
-from plugin.model.devices import Device, DeviceSet, Health
 from plugin.process import events
 from plugin.process.events import (
     Correlator,
@@ -21,6 +20,7 @@ from plugin.process.events import (
     TokenBucket,
 )
 from plugin.process.node_events import health_changes
+from value_types.devices import Device, DeviceSet, Health
 
 NODE = Regarding("Node", "node-a")
 CRASHED = Occurrence("Warning", "DeviceUnhealthy", "CheckHealth",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from plugin.model.devices import Device, DeviceSet
 from plugin.model.feed import DeviceFeed
+from value_types.devices import Device, DeviceSet
 
 
 def snapshot(*ids: str) -> DeviceSet:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from api_versions.podresources import ClaimDevice, ContainerDevices, Listing
-from plugin.model.devices import Device, DeviceSet
 from plugin.model.held import (
     DEVICE_PLUGIN,
     Held,
@@ -11,6 +10,7 @@ from plugin.model.held import (
     held_through_device_plugin,
     held_through_dra,
 )
+from value_types.devices import Device, DeviceSet
 
 LISTING = Listing(
     devices=(ContainerDevices("ns", "p", "c", "b-com.com/accelerator", ("a", "zz")),

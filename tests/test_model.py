@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from plugin.model.devices import Device, DeviceSet, Health
+from value_types.devices import Device, DeviceSet, Health
 
 
 def test_device_set_orders_numeric_ids_numerically_and_diffs() -> None:

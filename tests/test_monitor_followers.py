@@ -11,7 +11,7 @@ import pytest
 
 from plugin.discovery.backends.base import Deviceless
 from plugin.discovery.monitor import DeviceMonitor
-from plugin.model.devices import Device, DeviceSet
+from value_types.devices import Device, DeviceSet
 
 
 class CountingBackend(Deviceless):

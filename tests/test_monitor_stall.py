@@ -23,7 +23,7 @@ from compat_tests.fake_sysfs import FakeNode
 from plugin.discovery.backends.base import Deviceless
 from plugin.discovery.backends.intel import IntelBackend
 from plugin.discovery.monitor import DeviceMonitor
-from plugin.model.devices import Device, DeviceSet
+from value_types.devices import Device, DeviceSet
 
 PATIENCE = 10.0
 JOB_BEFORE_HANG = 0.05
@@ -167,7 +167,7 @@ def release(fifos: list[Path]) -> None:
 HANG_THEN_EXIT = textwrap.dedent("""
     import asyncio, threading, sys
     from plugin.discovery.backends.base import Deviceless
-    from plugin.model.devices import Device
+    from value_types.devices import Device
     from plugin.discovery.monitor import DeviceMonitor
 
     class Forever(Deviceless):

@@ -20,8 +20,9 @@ from api_versions.negotiate import (
 )
 from api_versions.retry import RetryPolicy
 from api_versions.wire import WireApi, rpc_handler
-from plugin.model.devices import Device, DeviceSet
 from plugin.model.feed import DeviceFeed
+from plugin.serving.deviceplugin.allocator import MODEL_ALLOCATOR
+from value_types.devices import Device, DeviceSet
 
 FAST = RetryPolicy(attempts=4, initial_backoff=0.01, max_backoff=0.02, jitter=0.0,
                    register_timeout=2.0)
@@ -29,9 +30,11 @@ Script = Callable[[object], tuple[grpc.StatusCode, str] | None]
 
 
 class Resource:
-    """The served resource negotiation registers: a name and its device feed."""
+    """The served resource negotiation registers: a name, its device feed, its rules."""
 
     resource_name = "b-com.com/accelerator"
+
+    allocator = MODEL_ALLOCATOR
 
     def __init__(self, *devices: Device) -> None:
         self.feed = DeviceFeed(DeviceSet.of(devices))

@@ -1,8 +1,8 @@
 """Building the package the way `make` and users do, and what the wheel ships.
 
-The wheel is what a node runs: ``plugin`` and ``api_versions``, nothing else. The demo, the
-emulators and the fake sysfs trees live in ``compat_tests/`` and stay in the source tree;
-the ``demo`` extra brings the third-party packages they import beyond the runtime's.
+The wheel is what a node runs: ``plugin``, ``api_versions`` and ``value_types``, nothing else.
+The demo, the emulators and the fake sysfs trees live in ``compat_tests/`` and stay in the
+source tree; the ``demo`` extra brings the third-party packages they import beyond the runtime's.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 REPO = Path(__file__).resolve().parent.parent
-SHIPPED = {"plugin", "api_versions"}
+SHIPPED = {"plugin", "api_versions", "value_types"}
 SOURCE_TREE_ONLY = "compat_tests"
 
 
@@ -75,6 +75,7 @@ def test_wheel_ships_only_the_runtime_packages(built) -> None:
     stems = {Path(n).stem for n in names if n.endswith(".py")}
     assert not {s for s in stems if s.startswith(("fake_", "demo"))}, stems
     assert "plugin/cli/main.py" in names and "api_versions/wire.py" in names
+    assert "value_types/devices.py" in names
 
 
 def test_wheel_carries_the_license_text_and_the_version(built) -> None:

@@ -22,7 +22,6 @@ from compat_tests.fpga_images import (
     write_image,
 )
 from plugin.discovery.backends import make_backend
-from plugin.model.devices import Device, DeviceSet
 from plugin.programming.digest import DIGEST_STEP
 from plugin.programming.function_config import parse_function
 from plugin.programming.image_checks import ImageChecks
@@ -37,6 +36,7 @@ from plugin.programming.programmer import (
     ProgrammingRefused,
 )
 from plugin.programming.quarantine import Quarantine
+from value_types.devices import Device, DeviceSet
 
 DRIVER = "accelerator.b-com.com"
 PORT = "0000:3b:00.0"
@@ -289,8 +289,8 @@ async def test_a_clear_never_loads_under_a_claim_that_holds_the_device_by_then(
 
 def test_what_was_loaded_is_recorded_with_the_claim_and_read_past_when_damaged(
         caplog: pytest.LogCaptureFixture) -> None:
-    from plugin.serving.dra.claims_model import ClaimRef
-    from plugin.serving.dra.prepared import PreparedClaim, PreparedDevice
+    from plugin.serving.dra.prepared import PreparedClaim
+    from value_types.claims import ClaimRef, PreparedDevice
 
     clear = spec(NLB0_AFU_ID, "nlb0.gbs")
     loaded = Outcome(PORT, replace(spec(NLB3_AFU_ID, "nlb3.gbs"), clear=clear), LOADED,

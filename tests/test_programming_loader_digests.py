@@ -28,7 +28,6 @@ from compat_tests.fpga_images import (
     write_image,
 )
 from plugin.discovery.backends import make_backend
-from plugin.model.devices import Device
 from plugin.programming import digest
 from plugin.programming.ids import dashed
 from plugin.programming.library import ImageLibrary
@@ -39,6 +38,7 @@ from plugin.programming.loaders.fpgaconf import Fpgaconf
 from plugin.programming.loaders.intel_pr import PortPrIoctl
 from plugin.programming.loaders.sealed import sealed_copy
 from plugin.programming.loaders.xbutil import Xbutil
+from value_types.devices import Device
 
 NLB3 = NLB3_AFU_ID.replace("-", "")
 BITSTREAM = bytes(range(256)) * 8

@@ -34,7 +34,6 @@ from compat_tests.fpga_images import (
     write_image,
 )
 from plugin.discovery.backends import make_backend
-from plugin.model.devices import Device
 from plugin.programming.ids import dashed
 from plugin.programming.library import ImageLibrary
 from plugin.programming.loaders.aws import AwsFpgaSdk, parse_slot_state
@@ -43,6 +42,7 @@ from plugin.programming.loaders.choose import loaders
 from plugin.programming.loaders.fpgaconf import Fpgaconf, fpgaconf_args
 from plugin.programming.loaders.intel_pr import PortPrIoctl, real_ioctl
 from plugin.programming.loaders.xbutil import Xbutil
+from value_types.devices import Device
 
 NLB3 = NLB3_AFU_ID.replace("-", "")
 BITSTREAM = bytes(range(256)) * 16 + b"\x01\x02\x03"  # not a multiple of 4: no padding asked

@@ -15,12 +15,12 @@ import pytest
 from api_versions.negotiate import adapters
 from api_versions.retry import RetryPolicy
 from compat_tests.kubelet import KubeletEmulator
-from plugin.model.devices import DeviceSet
 from plugin.model.feed import DeviceFeed
 from plugin.process.dirwatch import Change, DirEvent
 from plugin.serving import socket_claim as socket_module
 from plugin.serving.deviceplugin import kubelet_socket as negotiation_module
 from plugin.serving.deviceplugin.server import ResourceServer, Timing
+from value_types.devices import DeviceSet
 
 
 @pytest.fixture

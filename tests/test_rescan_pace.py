@@ -11,8 +11,8 @@ import pytest
 
 from plugin.discovery import monitor as monitor_module
 from plugin.discovery.monitor import LISTENING, DeviceMonitor
-from plugin.model.devices import DeviceSet
 from tests.test_monitor_followers import CountingBackend
+from value_types.devices import DeviceSet
 
 SAFETY_NET = 0.6
 DEAF = 0.1

@@ -15,7 +15,7 @@ import pytest
 from api_versions.resource_claims import parse_claim
 from compat_tests.apiserver import load_model, validate
 from compat_tests.apiserver.pipeline import decode_write, encode_read
-from plugin.serving.dra.claims_model import AllocationResult, ClaimAllocation, ClaimRef
+from value_types.claims import AllocationResult, ClaimAllocation, ClaimRef
 
 DRIVER = "fpga.b-com.com"
 OTHER = "gpu.example.com"

@@ -25,8 +25,9 @@ from compat_tests.fake_alveo import build_mixed_node
 from compat_tests.fake_sysfs import build_broken_node
 from plugin.discovery.backends import make_backend
 from plugin.discovery.backends.units import UnitsBackend
-from plugin.model.devices import Device, DeviceSet, Health
-from plugin.serving.dra.inventory import Pool, pool_of
+from plugin.serving.dra.inventory import pool_of
+from value_types.devices import Device, DeviceSet, Health
+from value_types.pool import Pool
 
 DRIVER = "fpga.b-com.com"
 NODE = "worker-1"

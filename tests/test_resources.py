@@ -8,7 +8,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from plugin.model.devices import Device, DeviceSet
 from plugin.model.resource_names import resource_name_problem
 from plugin.model.resources import (
     afu_resource_name,
@@ -16,6 +15,7 @@ from plugin.model.resources import (
     prefix_problem,
     socket_name_for,
 )
+from value_types.devices import Device, DeviceSet
 
 NLB = "d8424dc4a4a3c413f89e433683f9040b"
 DMA = "9e1f4ab2c6d3487a8b0e5f1a2c3d4e5f"

@@ -25,7 +25,7 @@ from api_versions.negotiate import adapters
 from api_versions.wire_values import MAX_ID_BYTES, id_problem
 from compat_tests.fake_sysfs import FakeNode, build_intel_node
 from plugin.discovery.backends.intel import IntelBackend
-from plugin.model.devices import MAX_NUMA_NODES, Device, Health
+from value_types.devices import MAX_NUMA_NODES, Device, Health
 
 ADAPTERS = adapters()
 GENERATIONS = [a.name for a in ADAPTERS]

@@ -18,8 +18,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from plugin.cli.sources import Origin, describe
-from plugin.model.devices import Device
 from plugin.model.programming import WhyNot, never_why
+from value_types.devices import Device
 
 if TYPE_CHECKING:
     from plugin.programming.load_record import LoadRecord

@@ -38,10 +38,10 @@ from plugin.discovery.backends.base import Backend
 from plugin.discovery.backends.rereads import KeptFiles
 from plugin.discovery.backends.sysfs import reading_now
 from plugin.discovery.worker import BlockingWorker, Job, Periodic
-from plugin.model.devices import Device, DeviceSet, Health
 from plugin.process.dirwatch import DirectoryWatcher
 from plugin.process.supervise import supervise
 from plugin.process.ticks import sleep_to_tick, tick_deadline
+from value_types.devices import Device, DeviceSet, Health
 
 log = logging.getLogger(__name__)
 

@@ -6,11 +6,11 @@ functions below, so all generations refuse the same requests with the same words
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
 from typing import TypeVar
 
-from plugin.model.devices import Device, DeviceNode, DeviceSet, Mount, natural_key
+from value_types.allocation import AllocationError, ContainerAllocation
+from value_types.devices import Device, DeviceSet, natural_key
 
 ENV_UNITS = "ACCELERATOR_UNITS"
 """Comma-joined allocated IDs, in request order (the b<>com plugin's variable)."""
@@ -19,21 +19,6 @@ ENV_DEVICES = "ACCELERATOR_DEVICES"
 UNITS_BACKEND = "units"
 
 T = TypeVar("T")
-
-
-class AllocationError(ValueError):
-    """A request the plugin must refuse as a whole; the message names every offending ID."""
-
-
-@dataclass(frozen=True)
-class ContainerAllocation:
-    """Everything one container receives for its devices, independent of the wire generation."""
-
-    device_ids: tuple[str, ...]
-    envs: Mapping[str, str] = field(default_factory=dict)
-    nodes: tuple[DeviceNode, ...] = ()
-    mounts: tuple[Mount, ...] = ()
-    devices: tuple[Device, ...] = ()
 
 
 def allocate(devices: DeviceSet, requested: Sequence[str]) -> ContainerAllocation:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from plugin.model.devices import DeviceSet
+from value_types.devices import DeviceSet
 
 
 class DeviceFeed:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from api_versions.podresources import Listing
-from plugin.model.devices import DeviceSet, Health
+from value_types.devices import DeviceSet, Health
 
 DEVICE_PLUGIN = "device-plugin"
 DRA = "dra"

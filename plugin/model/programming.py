@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from plugin.model.devices import Device
+from value_types.devices import Device
 
 PROGRAMMING_MODES = ("off", "on")
 """Values of ``--programming``."""

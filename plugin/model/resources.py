@@ -15,8 +15,8 @@ import hashlib
 import logging
 import re
 
-from plugin.model.devices import Device, DeviceSet
 from plugin.model.resource_names import resource_name_problem
+from value_types.devices import Device, DeviceSet
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,6 @@ from plugin.cli.config import Settings, dra_state_dir, events_enabled
 from plugin.cli.sources import describe
 from plugin.discovery.backends.base import Backend
 from plugin.discovery.monitor import DeviceMonitor, TriggerSource
-from plugin.model.devices import DeviceSet
 from plugin.model.feed import DeviceFeed
 from plugin.model.held import held_out
 from plugin.model.resources import group_by_resource, socket_name_for
@@ -39,6 +38,7 @@ from plugin.process.ticks import sleep_to_tick
 from plugin.serving.cdi import CdiPolicy, SpecWriter
 from plugin.serving.deviceplugin.server import ResourceServer, Timing
 from plugin.version import VERSION
+from value_types.devices import DeviceSet
 
 if TYPE_CHECKING:
     from plugin.process.node_events import NodeEvents

@@ -43,7 +43,6 @@ from typing import TYPE_CHECKING
 
 from api_versions.negotiate import KUBELET_SOCKET
 from plugin.cli.config import Settings, dra_state_dir
-from plugin.model.devices import DeviceSet
 from plugin.model.feed import DeviceFeed
 from plugin.model.held import DRA, Held, nothing
 from plugin.process.api_label import NO_LABEL, LabelReader, Override, Pin
@@ -52,6 +51,7 @@ from plugin.serving.cdi import CdiPolicy, SpecWriter
 from plugin.serving.holds import HoldWatch
 from plugin.serving.routing import FileIdentity, identity
 from plugin.serving.runtime_cdi import CONDITION, Verdict, judge
+from value_types.devices import DeviceSet
 
 if TYPE_CHECKING:
     from plugin.programming.loaders.base import Loader

@@ -13,8 +13,8 @@ import platform
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from plugin.model.devices import DeviceSet, Health
 from plugin.version import VERSION
+from value_types.devices import DeviceSet, Health
 
 log = logging.getLogger(__name__)
 

@@ -48,7 +48,6 @@ from pathlib import Path
 from typing import Any
 
 from plugin.cli.config import Settings
-from plugin.model.devices import DeviceSet
 from plugin.process.events import (
     NORMAL,
     WARNING,
@@ -59,6 +58,7 @@ from plugin.process.events import (
     Regarding,
 )
 from plugin.process.supervise import supervise
+from value_types.devices import DeviceSet
 
 log = logging.getLogger(__name__)
 

@@ -21,13 +21,13 @@ import asyncio
 import os
 from dataclasses import dataclass
 
-from plugin.model.devices import Device
 from plugin.programming.digest import mismatch, sha256_of_fd
 from plugin.programming.function_config import FunctionSpec
 from plugin.programming.gbs import GbsImage
 from plugin.programming.ids import dashed, sysfs_id
 from plugin.programming.library import ImageLibrary
 from plugin.programming.xclbin import XclbinImage
+from value_types.devices import Device
 
 MAX_REMEMBERED = 256
 Header = GbsImage | XclbinImage

@@ -33,7 +33,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 
-from plugin.model.devices import Device, DeviceSet
 from plugin.model.programming import OFF
 from plugin.process import metrics
 from plugin.programming.digest import DIGEST_STEP
@@ -51,6 +50,7 @@ from plugin.programming.vetting import (
     ProgrammingRefused,
     Vetting,
 )
+from value_types.devices import Device, DeviceSet
 
 __all__ = ["DIGEST_MISMATCH", "FAILED", "LOADED", "REFUSED", "SKIPPED", "Programmer",
            "ProgrammingRefused", "unavailable"]

@@ -23,9 +23,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from plugin.model.devices import Device, DeviceSet, Health
 from plugin.process import metrics
 from plugin.serving.files import replace_atomically
+from value_types.devices import Device, DeviceSet, Health
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from plugin.cli.config import Settings
-from plugin.model.devices import Device, DeviceSet
 from plugin.model.programming import WhyNot, never_why
 from plugin.programming.image_checks import ImageChecks, held_function
 from plugin.programming.library import ImageLibrary
@@ -19,6 +18,7 @@ from plugin.programming.load_record import LoadRecord, LoadRecords, read_records
 from plugin.programming.loaders.base import Loader, LoadFailed
 from plugin.programming.programmer import Programmer, Told, unavailable
 from plugin.programming.quarantine import Quarantine
+from value_types.devices import Device, DeviceSet
 
 
 def loaders_for(settings: Settings) -> dict[str, Loader]:

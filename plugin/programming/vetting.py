@@ -10,10 +10,10 @@ configuration pins a ``sha256`` the file's bytes must have it (hashed once per f
 
 from __future__ import annotations
 
-from plugin.model.devices import Device
 from plugin.process import metrics
 from plugin.programming.function_config import FunctionSpec
 from plugin.programming.image_checks import DigestMismatch, ImageChecks
+from value_types.devices import Device
 
 FAILED = "failed"
 REFUSED = "refused"

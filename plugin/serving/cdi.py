@@ -59,8 +59,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from plugin.model.devices import Device, DeviceSet
 from plugin.serving.files import replace_atomically
+from value_types.devices import Device, DeviceSet
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from compat_tests.fake_sysfs import FakeNode, build_f1_16xlarge, build_intel_node
-from plugin.model.devices import Device
+from value_types.devices import Device
 
 
 @pytest.fixture

@@ -10,11 +10,11 @@ from plugin.discovery.backends.intel import IntelBackend
 from plugin.model.allocation import (
     ENV_DEVICES,
     ENV_UNITS,
-    AllocationError,
     allocate,
     preferred_allocation,
 )
-from plugin.model.devices import DeviceSet
+from value_types.allocation import AllocationError
+from value_types.devices import DeviceSet
 
 
 def intel_devices(node: FakeNode) -> DeviceSet:

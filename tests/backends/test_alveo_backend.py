@@ -16,9 +16,9 @@ from compat_tests.fake_alveo import ALVEO_CARDS, add_alveo_card, build_alveo_nod
 from compat_tests.fake_sysfs import FakeNode, _link, _write
 from plugin.discovery.backends import make_backend
 from plugin.discovery.backends.alveo import AlveoBackend
-from plugin.model.devices import DeviceSet
 from plugin.model.resource_names import resource_name_problem
 from plugin.model.resources import group_by_resource, shell_resource_name
+from value_types.devices import DeviceSet
 
 
 def scan(node: FakeNode) -> dict:

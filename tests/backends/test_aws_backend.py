@@ -10,7 +10,7 @@ from conftest import by_id
 
 from compat_tests.fake_sysfs import AMAZON_VENDOR, F1_16XLARGE_SLOTS, FakeNode
 from plugin.discovery.backends.aws import AwsF1Backend
-from plugin.model.devices import Health
+from value_types.devices import Health
 
 
 def scan(node: FakeNode) -> dict:

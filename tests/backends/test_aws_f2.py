@@ -26,7 +26,7 @@ from compat_tests.fake_sysfs import (
     build_f2_48xlarge,
 )
 from plugin.discovery.backends.aws import AwsBackend, AwsF1Backend
-from plugin.model.devices import Device, Health
+from value_types.devices import Device, Health
 
 XILINX = "0x10ee"
 

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from compat_tests.fake_sysfs import FakeNode, build_intel_node
 from plugin.discovery.backends.aws import AwsF1Backend
 from plugin.discovery.backends.intel import IntelBackend
-from plugin.model.devices import Device
+from value_types.devices import Device
 
 
 def build(root: Path) -> FakeNode:

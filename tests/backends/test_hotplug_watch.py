@@ -8,7 +8,7 @@ import asyncio
 from compat_tests.fake_sysfs import FakeNode
 from plugin.discovery.backends.intel import IntelBackend
 from plugin.discovery.monitor import DeviceMonitor
-from plugin.model.devices import DeviceSet
+from value_types.devices import DeviceSet
 
 PATIENCE = 30.0
 NEVER = 3600.0

@@ -18,7 +18,7 @@ from compat_tests.fake_sysfs import (
     build_broken_node,
 )
 from plugin.discovery.backends.intel import AFU_CRASHED, IntelBackend
-from plugin.model.devices import DeviceNode, Health
+from value_types.devices import DeviceNode, Health
 
 INTEL_IDS = {
     "0000:5e:00.0", "0000:3b:00.0", "0000:3b:00.0-port1", "0000:be:00.1", "0000:be:00.2",

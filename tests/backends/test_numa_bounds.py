@@ -19,7 +19,7 @@ from plugin.discovery.backends.aws import AwsF1Backend
 from plugin.discovery.backends.intel import IntelBackend
 from plugin.discovery.backends.pcifn import numa_node
 from plugin.discovery.backends.sysfs import Attr
-from plugin.model.devices import MAX_NUMA_NODES
+from value_types.devices import MAX_NUMA_NODES
 
 HUGE = "99999999999999999999"
 

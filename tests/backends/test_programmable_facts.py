@@ -14,7 +14,7 @@ from compat_tests.fake_alveo import add_alveo_card, load_xclbin
 from compat_tests.fake_sysfs import FakeNode, _write, build_intel_node
 from plugin.discovery.backends.alveo import AlveoBackend
 from plugin.discovery.backends.intel import IntelBackend
-from plugin.model.devices import Device
+from value_types.devices import Device
 
 ALVEO = "0000:17:00.1"
 XCLBIN = "8b5a2f60-3d1e-4c0a-9f3b-6a7e2d1c0b94"

@@ -171,7 +171,7 @@ def test_build_context_holds_the_sources_and_nothing_else(image):
     tops = {f.split("/")[0] for f in files}
     # compat_tests/ (emulators, fake sysfs trees, the demo) is in no wheel: not sent either.
     assert tops <= {"pyproject.toml", "MANIFEST.in", "README.md", "LICENSE", "build_support",
-                    "protos", "api_versions", "plugin"}
+                    "protos", "api_versions", "plugin", "value_types"}
     assert not any("__pycache__" in f or f.endswith(".pyc") for f in files)
     assert not any(f.startswith("api_versions/_generated/") for f in files)
 
@@ -189,7 +189,8 @@ def test_wheel_carries_descriptors_generated_from_protos(image):
         assert f"api_versions/_generated/{generation}.binpb" in names
     assert "plugin/cli/main.py" in names
     assert {n.split("/")[0] for n in names} == {
-        "plugin", "api_versions", next(n for n in names if ".dist-info/" in n).split("/")[0]}
+        "plugin", "api_versions", "value_types",
+        next(n for n in names if ".dist-info/" in n).split("/")[0]}
     assert "accelerator-device-plugin = plugin.cli.main:main" in entry_points
     requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
     assert not any("grpcio-tools" in r or "grpcio_tools" in r for r in requires)
@@ -231,7 +232,8 @@ def test_runtime_venv_has_no_build_or_packaging_tools(image):
 
 def test_runtime_venv_holds_no_emulator_fake_tree_or_demo(image):
     site = next(image.venv.glob("lib/python3*/site-packages"))
-    ours = [p for top in ("plugin", "api_versions") for p in (site / top).rglob("*.py")]
+    ours = [p for top in ("plugin", "api_versions", "value_types")
+            for p in (site / top).rglob("*.py")]
     assert ours
     assert not {p.name for p in ours if p.name.startswith(("fake_", "demo"))}
     assert not (site / "compat_tests").exists()

@@ -71,7 +71,7 @@ from plugin.discovery.backends.sysfs import (
     list_dir,
     read_attr,
 )
-from plugin.model.devices import Device, Health
+from value_types.devices import Device, Health
 
 log = logging.getLogger(__name__)
 

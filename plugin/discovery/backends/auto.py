@@ -22,7 +22,7 @@ from plugin.discovery.backends.alveo import AlveoBackend
 from plugin.discovery.backends.aws import AwsBackend
 from plugin.discovery.backends.base import Backend, BackendConfig
 from plugin.discovery.backends.intel import IntelBackend
-from plugin.model.devices import Device
+from value_types.devices import Device
 
 log = logging.getLogger(__name__)
 

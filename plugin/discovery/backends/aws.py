@@ -49,7 +49,7 @@ from plugin.discovery.backends.devnodes import NodeLookup, NodeResolver
 from plugin.discovery.backends.pci import PciAddress, parse_bdf
 from plugin.discovery.backends.pcifn import PciFunction, pci_id, read_function
 from plugin.discovery.backends.sysfs import Notes, exists, is_dir, is_link, list_dir, read_attr
-from plugin.model.devices import Device, DeviceNode, Health
+from value_types.devices import Device, DeviceNode, Health
 
 log = logging.getLogger(__name__)
 

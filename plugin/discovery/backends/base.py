@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from plugin.model.devices import Device
+from value_types.devices import Device
 
 
 @dataclass(frozen=True)

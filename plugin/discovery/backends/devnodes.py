@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from plugin.discovery.backends.sysfs import Attr, exists, real_path
-from plugin.model.devices import DeviceNode
+from value_types.devices import DeviceNode
 
 _MAJ_MIN = re.compile(r"^(\d{1,10}):(\d{1,10})$")
 CONTAINER_DEV = PurePosixPath("/dev")

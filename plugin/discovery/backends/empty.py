@@ -7,7 +7,7 @@ the serving side (registration, API negotiation) with no hardware at all.
 from __future__ import annotations
 
 from plugin.discovery.backends.base import Deviceless
-from plugin.model.devices import Device
+from value_types.devices import Device
 
 
 class NoDevicesBackend(Deviceless):

@@ -60,8 +60,8 @@ from plugin.discovery.backends.hexid import is_all_f, normalise_hex_id
 from plugin.discovery.backends.intel_cards import CardModel, card_model, needs_subsystem
 from plugin.discovery.backends.pcifn import PciFunction, owning_function, pci_id, read_function
 from plugin.discovery.backends.sysfs import Notes, is_dir, list_dir, read_attr
-from plugin.model.devices import Device, Health
 from plugin.model.programming import FME_NODE
+from value_types.devices import Device, Health
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from plugin.discovery.backends.pci import PciAddress, parse_bdf
 from plugin.discovery.backends.sysfs import Attr, exists, link_target_name, read_attr, real_path
-from plugin.model.devices import MAX_NUMA_NODES
+from value_types.devices import MAX_NUMA_NODES
 
 MAX_ANCESTORS = 8
 """How far up a class device may sit below its PCI function (OPAE and DFL need 2 to 3)."""

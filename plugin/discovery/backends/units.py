@@ -7,7 +7,7 @@ IDs, resource name and ``ACCELERATOR_UNITS`` value are exactly what the b<>com p
 from __future__ import annotations
 
 from plugin.discovery.backends.base import Deviceless
-from plugin.model.devices import Device
+from value_types.devices import Device
 
 MAX_UNITS = 4096
 

@@ -38,9 +38,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from plugin.model.devices import Device
 from plugin.programming.loaders.base import LoadFailed, LoadJob
 from plugin.programming.loaders.tools import ToolOutput, failure, run_tool, tool_problem
+from value_types.devices import Device
 
 LOAD_FLAG = "--fpga-load-local-image"
 DESCRIBE_FLAG = "--fpga-describe-local-image"

@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from plugin.model.devices import Device
 from plugin.programming.library import ImageLibrary
+from value_types.devices import Device
 
 
 class LoadFailed(Exception):

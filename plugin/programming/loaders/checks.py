@@ -14,12 +14,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import BinaryIO
 
-from plugin.model.devices import Device
 from plugin.programming.gbs import GbsImage, parse_gbs, read_gbs
 from plugin.programming.image_checks import check_gbs_fits, check_xclbin_fits
 from plugin.programming.library import ImageLibrary
 from plugin.programming.loaders.base import LoadFailed, LoadJob
 from plugin.programming.xclbin import XclbinImage, read_xclbin
+from value_types.devices import Device
 
 CHECK_STEP = "check image"
 

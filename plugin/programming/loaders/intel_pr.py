@@ -70,7 +70,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from plugin.model.devices import Device
 from plugin.programming.digest import DIGEST_STEP, mismatch, sha256_of_bytes
 from plugin.programming.loaders.base import LoadFailed, LoadJob
 from plugin.programming.loaders.checks import (
@@ -79,6 +78,7 @@ from plugin.programming.loaders.checks import (
     gbs_from_bytes,
     image_source,
 )
+from value_types.devices import Device
 
 IoctlCall = Callable[[int, int, bytearray], int]
 """``ioctl(fd, request, arg)`` with a mutable argument buffer; raises OSError like

@@ -22,10 +22,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from plugin.discovery.backends.pci import parse_bdf
-from plugin.model.devices import Device
 from plugin.programming.loaders.base import LoadJob
 from plugin.programming.loaders.checks import checked_xclbin_in
 from plugin.programming.loaders.tools import load_library_image, tool_problem
+from value_types.devices import Device
 
 FLAG = "--xbutil"
 STEP = "xbutil program"

@@ -31,10 +31,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from plugin.model.devices import Device
 from plugin.programming.loaders.base import Loader, LoadFailed, LoadJob
 from plugin.programming.remote import protocol
 from plugin.programming.remote.protocol import Request
+from value_types.devices import Device
 
 log = logging.getLogger(__name__)
 

@@ -28,12 +28,12 @@ import struct
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
-from plugin.model.devices import Device
 from plugin.programming.library import ImageLibrary
 from plugin.programming.loaders.base import Loader, LoadFailed, LoadJob
 from plugin.programming.loaders.checks import CHECK_STEP
 from plugin.programming.remote import protocol
 from plugin.programming.remote.protocol import REQUEST_STEP, BadRequest, Request
+from value_types.devices import Device
 
 log = logging.getLogger(__name__)
 

@@ -38,6 +38,7 @@ from plugin.model.feed import DeviceFeed
 from plugin.process import metrics
 from plugin.process.dirwatch import Change, DirEvent
 from plugin.serving.cdi import CdiPolicy
+from plugin.serving.deviceplugin.allocator import MODEL_ALLOCATOR
 from plugin.serving.deviceplugin.channels import (
     Channel,
     ChannelChooser,
@@ -130,6 +131,8 @@ class ResourceServer(SocketLifecycle, KubeletSocketChannel, WatcherChannel):
         self._kubelet_changed = asyncio.Event()
         self.cdi: CdiPolicy | None = None
         """Set by the daemon with --cdi, before each device change is published."""
+        self.allocator = MODEL_ALLOCATOR
+        """The device model's rules the adapters apply to Allocate and preferred allocation."""
         self._gate = gate
 
     # The ServedResource protocol the adapters read.

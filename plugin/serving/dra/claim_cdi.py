@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from plugin.model.allocation import ENV_DEVICES, ENV_UNITS, UNITS_BACKEND
-from plugin.model.devices import DeviceSet
 from plugin.serving.cdi import device_name, kind_of
 from plugin.serving.files import replace_atomically
+from value_types.devices import DeviceSet
 
 log = logging.getLogger(__name__)
 

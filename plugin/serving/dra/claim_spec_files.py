@@ -13,7 +13,8 @@ import logging
 from collections.abc import Sequence
 
 from plugin.serving.dra.claim_cdi import ClaimSpecs
-from plugin.serving.dra.prepared import ClaimResult, PreparedClaim, PreparedDevice, describe
+from plugin.serving.dra.prepared import PreparedClaim, describe
+from value_types.claims import ClaimResult, PreparedDevice
 
 log = logging.getLogger(__name__)
 

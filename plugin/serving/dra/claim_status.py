@@ -29,7 +29,6 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from plugin.model.devices import Device, DeviceSet
 from plugin.process import metrics
 from plugin.serving.dra.apiserver import (
     ApiFailure,
@@ -39,9 +38,11 @@ from plugin.serving.dra.apiserver import (
     retry_pause,
     translate,
 )
-from plugin.serving.dra.claims_model import ClaimRef, DeviceCondition, DeviceStatusReport
-from plugin.serving.dra.health import HealthState, health_of
-from plugin.serving.dra.prepared import PreparedClaim, PreparedDevice, describe
+from plugin.serving.dra.health import health_of
+from plugin.serving.dra.prepared import PreparedClaim, describe
+from value_types.claims import ClaimRef, DeviceCondition, DeviceStatusReport, PreparedDevice
+from value_types.devices import Device, DeviceSet
+from value_types.health import HealthState
 
 if TYPE_CHECKING:
     from plugin.programming.outcome import Outcome

@@ -13,8 +13,8 @@ import asyncio
 from collections.abc import Iterable
 
 from plugin.serving.dra.apiserver import ApiServer, NotFound
-from plugin.serving.dra.claims_model import ClaimRef
 from plugin.serving.dra.prepared import PreparedClaim
+from value_types.claims import ClaimRef
 
 CLAIM_CHECK_TIMEOUT = 2.0
 """How long the API server may take to say whether a recorded claim still holds its devices

@@ -56,15 +56,16 @@ from plugin.serving.dra.checkpoint import ClaimCheckpoint
 from plugin.serving.dra.claim_cdi import ClaimSpecs, accelerator_env
 from plugin.serving.dra.claim_status import ClaimStatusReporter, NodeConditions
 from plugin.serving.dra.claims_held import live_claims
-from plugin.serving.dra.claims_model import ClaimAllocation, ClaimRef, DeviceStatusReport
 from plugin.serving.dra.function_audit import Auditor, ClaimTold
 from plugin.serving.dra.health import HealthBroadcaster
-from plugin.serving.dra.inventory import Pool, pool_of
+from plugin.serving.dra.inventory import pool_of
 from plugin.serving.dra.prepare import ClaimPreparer
 from plugin.serving.dra.publisher import SlicePublisher
 from plugin.serving.dra.service import DraNodeService
 from plugin.serving.holds import HoldWatch
 from plugin.serving.routing import FileIdentity, identity
+from value_types.claims import ClaimAllocation, ClaimRef, DeviceStatusReport
+from value_types.pool import Pool
 
 log = logging.getLogger(__name__)
 

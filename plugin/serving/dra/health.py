@@ -23,11 +23,10 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
-from enum import StrEnum
 
-from plugin.model.devices import Device
 from plugin.model.feed import DeviceFeed
+from value_types.devices import Device
+from value_types.health import DeviceHealthReport, HealthState
 
 log = logging.getLogger(__name__)
 
@@ -38,25 +37,6 @@ DEFAULT_TIMEOUT_SECONDS = 30
 DEFAULT_RESEND_EVERY = 10.0
 MAX_MESSAGE = 1024
 """The kubelet keeps at most this many characters of a message (1.36)."""
-
-
-class HealthState(StrEnum):
-    UNKNOWN = "Unknown"
-    HEALTHY = "Healthy"
-    UNHEALTHY = "Unhealthy"
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceHealthReport:
-    """One device of a NodeWatchResources message, without wire types."""
-
-    pool: str
-    device: str
-    state: HealthState
-    last_updated: int
-    """Unix seconds when the driver last determined the state (when the list was built)."""
-    timeout_seconds: int
-    message: str = ""
 
 
 def health_of(device: Device | None) -> tuple[HealthState, str]:

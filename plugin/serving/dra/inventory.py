@@ -1,6 +1,6 @@
 """What this node's devices look like as DRA devices: one pool per driver and node.
 
-A pure function of a :class:`~plugin.model.devices.DeviceSet`, with no I/O and no API version
+A pure function of a :class:`~value_types.devices.DeviceSet`, with no I/O and no API version
 in sight: the shapes in ``api_versions`` turn a :class:`Pool` into ResourceSlices of whichever
 resource.k8s.io version the server speaks, and the driver maps allocated device names back
 to device IDs through :meth:`Pool.device_id`.
@@ -77,21 +77,22 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from enum import Enum
-from functools import cached_property
-from types import MappingProxyType
 
-from plugin.model.devices import Device, DeviceSet
 from plugin.model.programming import Programmable, never
+from value_types.devices import Device, DeviceSet
+from value_types.pool import (
+    DNS_SUBDOMAIN,
+    MAX_DRIVER_NAME,
+    MAX_NAME,
+    AttributeKind,
+    AttributeValue,
+    DraDevice,
+    Pool,
+    value_problem,
+)
 
-MAX_NAME = 63
-MAX_STRING_BYTES = 64
-"""Longest attribute string (and version) value a server accepts, in bytes."""
-MAX_DRIVER_NAME = 63
 MAX_NODE_NAME = 253
 MAX_POOL_NAME = 253
-INT64 = (-(2**63), 2**63 - 1)
 
 STANDARD_DOMAIN = "resource.kubernetes.io"
 PCI_BUS_ID = f"{STANDARD_DOMAIN}/pciBusID"
@@ -131,153 +132,7 @@ _HEX_ID = re.compile(r"^[0-9a-f]{1,64}$")
 _UUID_HEX = re.compile(r"^[0-9a-f]{32}$")
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 _NOT_LABEL = re.compile(r"[^a-z0-9]+")
-DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_SEMVER = re.compile(
-    r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
-    r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
-    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$")
-_C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_QUANTITY = re.compile(r"^[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
-                       r"(?:[eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE])?$")
-MAX_IDENTIFIER = 32
-MAX_ATTRIBUTES = 32
-"""Attributes and capacities of one device together, at most
-(``ResourceSliceMaxAttributesAndCapacitiesPerDevice``)."""
 DIGEST_HEX = 12
-
-
-class AttributeKind(Enum):
-    STRING = "string value"
-    INT = "int value"
-    BOOL = "bool value"
-    VERSION = "semantic version"
-
-
-@dataclass(frozen=True, slots=True)
-class AttributeValue:
-    """One attribute value of exactly one kind, checked against the server's limits on
-    creation, so a pool that was built can always be published."""
-
-    kind: AttributeKind
-    value: str | int | bool
-
-    def __post_init__(self) -> None:
-        problem = _value_problem(self.kind, self.value)
-        if problem:
-            raise ValueError(f"{self.kind.value} {self.value!r}: {problem}")
-
-    @classmethod
-    def string(cls, value: str) -> AttributeValue:
-        return cls(AttributeKind.STRING, value)
-
-    @classmethod
-    def integer(cls, value: int) -> AttributeValue:
-        return cls(AttributeKind.INT, value)
-
-    @classmethod
-    def boolean(cls, value: bool) -> AttributeValue:
-        return cls(AttributeKind.BOOL, value)
-
-    @classmethod
-    def version(cls, value: str) -> AttributeValue:
-        return cls(AttributeKind.VERSION, value)
-
-
-def _value_problem(kind: AttributeKind, value: object) -> str:
-    if kind is AttributeKind.BOOL:
-        return "" if isinstance(value, bool) else "not a bool"
-    if kind is AttributeKind.INT:
-        if not isinstance(value, int) or isinstance(value, bool):
-            return "not an int"
-        return "" if INT64[0] <= value <= INT64[1] else "outside int64"
-    if not isinstance(value, str):
-        return "not a string"
-    try:
-        size = len(value.encode())
-    except UnicodeEncodeError:
-        return "not valid UTF-8"
-    if size > MAX_STRING_BYTES:
-        return f"longer than {MAX_STRING_BYTES} bytes"
-    if kind is AttributeKind.VERSION and not _SEMVER.match(value):
-        return "not a semantic version (semver.org 2.0.0)"
-    return ""
-
-
-def _frozen(mapping: Mapping[str, object]) -> MappingProxyType:
-    return MappingProxyType(dict(sorted(mapping.items())))
-
-
-@dataclass(frozen=True)
-class DraDevice:
-    """One device of the pool: its DRA name, the model's device ID, what selectors see."""
-
-    name: str
-    device_id: str
-    attributes: Mapping[str, AttributeValue] = field(default_factory=dict)
-    capacity: Mapping[str, str] = field(default_factory=dict)
-    healthy: bool = True
-    health_reason: str = ""
-    health_code: str = ""
-    held_by: str = ""
-    """The API through which a running container still holds the device (``device-plugin``
-    after a move to DRA), a label value; empty: free to allocate."""
-
-    def __post_init__(self) -> None:
-        if not is_dns_label(self.name):
-            raise ValueError(f"device {self.device_id!r}: name {self.name!r} is not a DNS label")
-        problems = [f"{name!r} is not a qualified name" for name in (*self.attributes,
-                                                                       *self.capacity)
-                    if not is_qualified_name(name)]
-        problems += [f"capacity {name} = {value!r} is not a quantity"
-                     for name, value in self.capacity.items() if not _QUANTITY.match(value)]
-        if len(self.attributes) + len(self.capacity) > MAX_ATTRIBUTES:
-            problems.append(f"more than {MAX_ATTRIBUTES} attributes and capacities")
-        if problems:
-            raise ValueError(f"device {self.device_id!r}: {'; '.join(problems)}")
-        object.__setattr__(self, "attributes", _frozen(self.attributes))
-        object.__setattr__(self, "capacity", _frozen(self.capacity))
-
-    def __hash__(self) -> int:
-        return hash((self.name, self.device_id, tuple(self.attributes.items()),
-                     tuple(self.capacity.items()), self.healthy, self.health_reason,
-                     self.health_code, self.held_by))
-
-
-@dataclass(frozen=True)
-class Pool:
-    """The devices one driver publishes for one node, in the model's order."""
-
-    driver: str
-    node_name: str
-    name: str
-    devices: tuple[DraDevice, ...] = ()
-
-    @cached_property
-    def names(self) -> Mapping[str, str]:
-        """Device name -> device ID, for mapping allocation results back to devices."""
-        return MappingProxyType({d.name: d.device_id for d in self.devices})
-
-    def device_id(self, name: str) -> str | None:
-        """The device ID behind an allocated device name, or None if this pool has none."""
-        return self.names.get(name)
-
-    def device(self, name: str) -> DraDevice | None:
-        return next((d for d in self.devices if d.name == name), None)
-
-
-def is_dns_label(name: str) -> bool:
-    return len(name) <= MAX_NAME and DNS_LABEL.match(name) is not None
-
-
-def is_qualified_name(name: str) -> bool:
-    """An attribute or capacity name: a C identifier of at most 32, optionally behind a
-    ``<domain>/`` that could be a driver name (k/k ``validateQualifiedName``)."""
-    domain, _, ident = name.rpartition("/")
-    if "/" in domain or (domain and (len(domain) > MAX_DRIVER_NAME
-                                     or not _DNS_SUBDOMAIN.match(domain))):
-        return False
-    return len(ident) <= MAX_IDENTIFIER and _C_IDENTIFIER.match(ident) is not None
 
 
 def device_name(device_id: str) -> str:
@@ -327,14 +182,14 @@ def _string(attributes: dict[str, AttributeValue], name: str, value: str | None,
             pattern: re.Pattern[str] | None = None) -> None:
     if not value or (pattern is not None and not pattern.match(value)):
         return
-    if not _value_problem(AttributeKind.STRING, value):
+    if not value_problem(AttributeKind.STRING, value):
         attributes[name] = AttributeValue.string(value)
 
 
 def _integer(attributes: dict[str, AttributeValue], name: str, value: int | str | None) -> None:
     if isinstance(value, str):
         value = int(value) if _DECIMAL.match(value) else None
-    if value is not None and not _value_problem(AttributeKind.INT, value):
+    if value is not None and not value_problem(AttributeKind.INT, value):
         attributes[name] = AttributeValue.integer(value)
 
 
@@ -383,7 +238,7 @@ def dra_device(device: Device, held_by: str = "", programmable: Programmable = n
 
 
 def _check_name(what: str, value: str, limit: int) -> None:
-    if not value or len(value) > limit or not _DNS_SUBDOMAIN.match(value):
+    if not value or len(value) > limit or not DNS_SUBDOMAIN.match(value):
         raise ValueError(f"{what} {value!r} is not a lowercase DNS subdomain of at most "
                          f"{limit} characters")
 

@@ -44,15 +44,16 @@ from plugin.serving.dra.checkpoint import CheckpointError, ClaimCheckpoint
 from plugin.serving.dra.claim_cdi import ClaimSpecs
 from plugin.serving.dra.claim_spec_files import groups as _groups
 from plugin.serving.dra.claim_spec_files import remove_specs, write_specs
-from plugin.serving.dra.claims_model import AllocationResult, ClaimAllocation, ClaimRef
 from plugin.serving.dra.function_audit import Auditor
 from plugin.serving.dra.prepare_functions import FunctionStep, Refused, RefusedInStatus
-from plugin.serving.dra.prepared import (
+from plugin.serving.dra.prepared import PreparedClaim, describe
+from value_types.claims import (
+    AllocationResult,
+    ClaimAllocation,
+    ClaimRef,
     ClaimResult,
-    PreparedClaim,
     PreparedDevice,
     base_request,
-    describe,
 )
 
 log = logging.getLogger(__name__)

@@ -25,8 +25,8 @@ from plugin.programming.outcome import LOADED as OUTCOME_LOADED
 from plugin.programming.outcome import Outcome
 from plugin.programming.programmer import Programmer, ProgrammingRefused
 from plugin.serving.dra import function_audit as audit
-from plugin.serving.dra.claims_model import ClaimAllocation, ClaimRef
-from plugin.serving.dra.prepared import PreparedDevice, describe
+from plugin.serving.dra.prepared import describe
+from value_types.claims import ClaimAllocation, ClaimRef, PreparedDevice
 
 NOT_ALLOWED = "not_allowed"
 """``dra_programming_total`` result of a claim's function its class does not allow."""

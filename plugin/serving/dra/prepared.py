@@ -1,9 +1,10 @@
 """What preparing a claim produced: the values the checkpoint keeps and the kubelet is told.
 
-No wire type here: :mod:`api_versions.dra_plugin` turns a :class:`ClaimResult` into whichever
-``NodePrepareResourceResponse`` the kubelet's service spells, and the checkpoint stores a
-:class:`PreparedClaim` as JSON. Keeping one shape for both is what makes a repeated
-NodePrepareResources answer exactly what the first one did, even across a restart.
+No wire type here: :mod:`api_versions.dra_plugin` turns a
+:class:`~value_types.claims.ClaimResult` into whichever ``NodePrepareResourceResponse`` the
+kubelet's service spells, and the checkpoint stores a :class:`PreparedClaim` as JSON.
+Keeping one shape for both is what makes a repeated NodePrepareResources answer exactly what
+the first one did, even across a restart.
 """
 
 from __future__ import annotations
@@ -19,48 +20,9 @@ from plugin.programming.outcome import (
     outcome_to_json,
     with_digests,
 )
-from plugin.serving.dra.claims_model import ClaimRef
+from value_types.claims import ClaimRef, PreparedDevice, text_field
 
 log = logging.getLogger(__name__)
-
-
-def base_request(request: str) -> str:
-    """``<request>`` of ``<request>/<subrequest>``: what a container names in
-    ``resources.claims[].request``, and so what the kubelet matches ``request_names`` with
-    (``slices.Contains`` on the name as is, 1.32-1.36). The Go helper strips the subrequest
-    for the same reason (dra@v0.34.0 ``kubeletplugin/draplugin.go``,
-    ``stripSubrequestNames``)."""
-    return request.split("/", 1)[0]
-
-
-@dataclass(frozen=True, slots=True)
-class PreparedDevice:
-    """One allocated device of a prepared claim."""
-
-    pool: str
-    device: str
-    """The DRA device name in the pool (what ResourceSlices and the allocation say)."""
-    device_id: str
-    """The internal device ID (a PCI address, a unit number) the DRA name stood for."""
-    requests: tuple[str, ...]
-    """The allocation's request names, ``<request>/<subrequest>`` kept, for the record."""
-    cdi_ids: tuple[str, ...]
-    """Fully qualified CDI device IDs (``vendor/class=name``) the runtime injects."""
-
-    @property
-    def request_names(self) -> tuple[str, ...]:
-        """What the kubelet gets in ``Device.request_names``: subrequests stripped."""
-        return tuple(dict.fromkeys(base_request(r) for r in self.requests))
-
-    def to_json(self) -> dict[str, Any]:
-        return {"pool": self.pool, "device": self.device, "deviceID": self.device_id,
-                "requests": list(self.requests), "cdiDeviceIDs": list(self.cdi_ids)}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> PreparedDevice:
-        return cls(pool=_text(data, "pool"), device=_text(data, "device"),
-                   device_id=_text(data, "deviceID"), requests=_texts(data, "requests"),
-                   cdi_ids=_texts(data, "cdiDeviceIDs"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,44 +61,15 @@ class PreparedClaim:
         spec = data.get("claimSpec")
         if spec is not None and not isinstance(spec, str):
             raise ValueError(f"claim {uid}: 'claimSpec' is not text")
-        return cls(ClaimRef(_text(data, "namespace"), _text(data, "name"), uid),
+        return cls(ClaimRef(text_field(data, "namespace"), text_field(data, "name"), uid),
                    tuple(PreparedDevice.from_json(d) for d in devices), spec,
                    with_digests(_functions(uid, data.get("functions")),
                                 data.get("functionDigests")))
 
 
-@dataclass(frozen=True, slots=True)
-class ClaimResult:
-    """The answer for one claim of a NodePrepareResources call: devices, or why not.
-
-    A non-empty ``error`` fails that claim only; the kubelet reports it on the pod and calls
-    again later. ``devices`` is then ignored."""
-
-    devices: tuple[PreparedDevice, ...] = ()
-    error: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return not self.error
-
-
 def describe(ref: ClaimRef) -> str:
     """How log lines and errors name a claim: ``namespace/name (uid)``."""
     return f"{ref.namespace}/{ref.name} ({ref.uid})"
-
-
-def _text(data: dict[str, Any], key: str) -> str:
-    value = data.get(key)
-    if not isinstance(value, str):
-        raise ValueError(f"{key!r} is not text: {value!r:.60}")
-    return value
-
-
-def _texts(data: dict[str, Any], key: str) -> tuple[str, ...]:
-    value = data.get(key, [])
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ValueError(f"{key!r} is not a list of text")
-    return tuple(value)
 
 
 def _functions(uid: str, entries: object) -> tuple[Outcome, ...]:

@@ -3,13 +3,19 @@
 The kubelet's NodePrepareResources carries only a claim's namespace, name and UID; the
 allocation comes from the API server, where resource.k8s.io v1, v1beta2 and v1beta1 spell it
 alike (``status.allocation.devices.results[]``). The adapters in ``api_versions`` turn a claim
-object of any version into these values, and everything in this package works on them, so no
-wire shape leaks into the driver.
+object of any version into these values, and the driver (``plugin.serving.dra``) works on
+them, so no wire shape leaks into the driver.
+
+What preparing a claim answers travels back the same way: a :class:`ClaimResult` of
+:class:`PreparedDevice` values, which :mod:`api_versions.dra_plugin` turns into whichever
+``NodePrepareResourceResponse`` the kubelet's service spells, and which the driver's
+checkpoint keeps as JSON (``to_json``/``from_json``) so a repeated call answers alike.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,3 +107,73 @@ class DeviceStatusReport:
     """The data object's items, kept as pairs so the value stays hashable and comparable."""
     conditions: tuple[DeviceCondition, ...]
     share_id: str | None = None
+
+
+def base_request(request: str) -> str:
+    """``<request>`` of ``<request>/<subrequest>``: what a container names in
+    ``resources.claims[].request``, and so what the kubelet matches ``request_names`` with
+    (``slices.Contains`` on the name as is, 1.32-1.36). The Go helper strips the subrequest
+    for the same reason (dra@v0.34.0 ``kubeletplugin/draplugin.go``,
+    ``stripSubrequestNames``)."""
+    return request.split("/", 1)[0]
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedDevice:
+    """One allocated device of a prepared claim."""
+
+    pool: str
+    device: str
+    """The DRA device name in the pool (what ResourceSlices and the allocation say)."""
+    device_id: str
+    """The internal device ID (a PCI address, a unit number) the DRA name stood for."""
+    requests: tuple[str, ...]
+    """The allocation's request names, ``<request>/<subrequest>`` kept, for the record."""
+    cdi_ids: tuple[str, ...]
+    """Fully qualified CDI device IDs (``vendor/class=name``) the runtime injects."""
+
+    @property
+    def request_names(self) -> tuple[str, ...]:
+        """What the kubelet gets in ``Device.request_names``: subrequests stripped."""
+        return tuple(dict.fromkeys(base_request(r) for r in self.requests))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pool": self.pool, "device": self.device, "deviceID": self.device_id,
+                "requests": list(self.requests), "cdiDeviceIDs": list(self.cdi_ids)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PreparedDevice:
+        return cls(pool=text_field(data, "pool"), device=text_field(data, "device"),
+                   device_id=text_field(data, "deviceID"), requests=texts_field(data, "requests"),
+                   cdi_ids=texts_field(data, "cdiDeviceIDs"))
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimResult:
+    """The answer for one claim of a NodePrepareResources call: devices, or why not.
+
+    A non-empty ``error`` fails that claim only; the kubelet reports it on the pod and calls
+    again later. ``devices`` is then ignored."""
+
+    devices: tuple[PreparedDevice, ...] = ()
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.error
+
+
+def text_field(data: dict[str, Any], key: str) -> str:
+    """``data[key]`` as text, or ValueError naming the key (checkpoint records)."""
+    value = data.get(key)
+    if not isinstance(value, str):
+        raise ValueError(f"{key!r} is not text: {value!r:.60}")
+    return value
+
+
+def texts_field(data: dict[str, Any], key: str) -> tuple[str, ...]:
+    """``data[key]`` as a tuple of text (absent: empty), or ValueError naming the key."""
+    value = data.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{key!r} is not a list of text")
+    return tuple(value)
