@@ -1,4 +1,4 @@
-"""``accelerator-device-plugin demo --node migrate``: one node moved to DRA and back, live.
+"""``make demo DEMO=migrate``: one node moved to DRA and back, live.
 
 A simulated node (fake Intel FPGA sysfs), an emulated 1.36 API server holding a DeviceClass
 that maps ``b-com.com/accelerator`` (KEP-5004), emulated kubelets, and the real daemon with

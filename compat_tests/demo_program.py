@@ -1,4 +1,4 @@
-"""``accelerator-device-plugin demo --node program``: the function a pod needs, loaded on demand.
+"""``make demo DEMO=program``: the function a pod needs, loaded on demand.
 
 A simulated node whose Intel ports all hold NLB3, an emulated 1.36 API server holding the
 example DeviceClass ``nlb0.accelerator.b-com.com`` (deploy/examples/programming: it maps

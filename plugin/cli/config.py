@@ -42,7 +42,6 @@ DEFAULT_SOCKET = "accelerator.sock"
 DEFAULT_GENERATIONS = ("v1beta1", "v1alpha2", "v1alpha1")
 BACKEND_CHOICES = ("auto", "intel", "aws", "alveo", "units", "none")
 RESOURCE_MODES = ("single", "afu")
-DEMO_NODES = ("intel", "mixed", "migrate", "program")
 API_CHOICES = ("device-plugin", "dra", "auto")
 EVENTS_CHOICES = ("auto", "on", "off")
 DEFAULT_DRA_DRIVER = "accelerator.b-com.com"
@@ -84,7 +83,6 @@ class Settings:
     log_level: str = "info"
     log_format: str = "text"
     json_output: bool = False
-    demo_node: str = "intel"
     api: str = "device-plugin"
     node_name: str | None = None
     dra_driver_name: str = DEFAULT_DRA_DRIVER
@@ -493,12 +491,6 @@ def build_parser() -> OneLineParser:
     discover.add_argument("--json", dest="json_output", action="store_true",
                           help="print JSON instead of a table")
 
-    demo = commands.add_parser("demo", help="simulated node: emulated kubelet + built-in devices")
-    _add_common_flags(demo)
-    demo.add_argument("--node", dest="demo_node", choices=DEMO_NODES, default="intel",
-                      help="intel: Intel cards, served by the intel backend; mixed: Intel, "
-                           "AWS and Alveo cards together, served by the auto backend")
-
     loader = commands.add_parser("loader", help="the privileged loader process: load "
                                  "functions for serve --loader-socket, nothing else")
     _add_config_flag(loader)
@@ -512,8 +504,8 @@ def build_parser() -> OneLineParser:
     env.add("--heartbeat-file", default=None, convert=Path, help="file written by serve")
     env.add("--heartbeat-max-age", default=60.0, convert=MAX_AGE,
             help=f"oldest acceptable heartbeat, in seconds ({MAX_AGE.describe()})")
-    parser.commands = {"serve": serve, "discover": discover, "demo": demo,
-                       "healthcheck": health, "loader": loader}
+    parser.commands = {"serve": serve, "discover": discover, "healthcheck": health,
+                       "loader": loader}
     return parser
 
 
