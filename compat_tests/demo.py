@@ -30,7 +30,7 @@ from plugin.cli.config import Settings
 from plugin.discovery.backends import make_backend
 from plugin.process.daemon import Daemon
 from plugin.process.logs import configure
-from plugin.serving.deviceplugin.server import Timing
+from plugin.serving.deviceplugin.timing import Timing
 
 RESOURCE = "b-com.com/accelerator"
 SHOWN_LOGGERS = ("api_versions.negotiate", "plugin.serving.deviceplugin",

@@ -30,7 +30,7 @@ from compat_tests.kubelet.dra_results import ClaimRef
 from plugin.cli.config import Settings
 from plugin.discovery.backends import make_backend
 from plugin.process.daemon import Daemon
-from plugin.serving.deviceplugin.server import Timing
+from plugin.serving.deviceplugin.timing import Timing
 from plugin.serving.dra.inventory import device_name
 
 NODE = "fpga-node-1"

@@ -41,7 +41,7 @@ from plugin.discovery.backends import make_backend
 from plugin.process.daemon import Daemon
 from plugin.programming.ids import dashed
 from plugin.programming.loaders.intel_pr import PortPrIoctl
-from plugin.serving.deviceplugin.server import Timing
+from plugin.serving.deviceplugin.timing import Timing
 
 NODE = "fpga-node-1"
 DRIVER = "accelerator.b-com.com"

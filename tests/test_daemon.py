@@ -29,7 +29,7 @@ from plugin.cli.config import Settings
 from plugin.discovery.backends import make_backend
 from plugin.model.resources import afu_resource_name
 from plugin.process.daemon import Daemon, heartbeat_fresh
-from plugin.serving.deviceplugin.server import Timing
+from plugin.serving.deviceplugin.timing import Timing
 
 FAST_TIMING = Timing(round_backoff_initial=0.1, round_backoff_max=0.5)
 

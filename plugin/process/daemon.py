@@ -37,7 +37,8 @@ from plugin.process.signals import Meaning, SignalRouter, name_of
 from plugin.process.supervise import MAX_DELAY, supervise
 from plugin.process.ticks import sleep_to_tick
 from plugin.serving.cdi import CdiPolicy, SpecWriter
-from plugin.serving.deviceplugin.server import ResourceServer, Timing
+from plugin.serving.deviceplugin.server import ResourceServer
+from plugin.serving.deviceplugin.timing import Timing
 from plugin.version import VERSION
 
 if TYPE_CHECKING:
