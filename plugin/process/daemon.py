@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from api_versions.negotiate import KUBELET_SOCKET, adapters
-from plugin.cli.config import Settings, dra_state_dir, events_enabled
+from plugin.cli.config import Settings
+from plugin.cli.settings import dra_state_dir, events_enabled
 from plugin.cli.sources import describe
 from plugin.discovery.backends.base import Backend
 from plugin.discovery.monitor import DeviceMonitor, TriggerSource
