@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pytest
 
+from compat_tests.dra_bench import DRIVER, NODE, Bench, messages
 from compat_tests.dra_support import recorded_claims
 from compat_tests.kubelet.dra_results import ClaimRef
 from compat_tests.plugin_process import PluginProcess
 from compat_tests.previous_release import PREVIOUS_RELEASE, previous_release_tree
-from compat_tests.test_dra_faults import DRIVER, NODE, Bench, messages
 from plugin.serving.dra import checkpoint_format
 from plugin.serving.dra.driver import CHECKPOINT_FILE
 from plugin.version import VERSION
