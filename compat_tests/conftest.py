@@ -160,3 +160,18 @@ async def client(api: Any) -> AsyncIterator[Any]:
 
     async with ApiClient(api.url, api.token, api.ca_file) as session:
         yield session
+
+
+@pytest.fixture
+async def stack(sockdir: Path) -> AsyncIterator[Callable[[Any], Any]]:
+    """Start emulators and fake plugins through this; all are stopped at teardown."""
+    started: list[Any] = []
+
+    async def start(thing: Any) -> Any:
+        await thing.start()
+        started.append(thing)
+        return thing
+
+    yield start
+    for thing in reversed(started):
+        await thing.stop()
