@@ -17,10 +17,10 @@ $(STAMP): pyproject.toml build_support/backend.py $(wildcard protos/*/api.proto)
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-# The demo's code (compat_tests/) is in no installed package: `python -m` from the checkout's
-# root finds it there, as pytest and `make bench` do.
+# The demo's code (compat_tests/) is in no installed package, and the installed CLI has no
+# demo command: `python -m` from the checkout's root finds it there, as pytest and `make bench` do.
 demo: $(STAMP)
-	$(BIN)/python -m plugin demo $(if $(DEMO),--node $(DEMO))
+	$(BIN)/python -m compat_tests.demo $(if $(DEMO),--node $(DEMO))
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

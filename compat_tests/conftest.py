@@ -77,8 +77,8 @@ FAST_DRA = {"health_retry_period": 0.2, "wipe_retry_initial": 0.05}
 async def dra_bench(sockdir: Path, logdir: Path, tmp_path: Path) -> AsyncIterator[Any]:
     """One node of emulated Kubernetes for the DRA fault and feature suites: a fake FPGA
     tree, an API server, a kubelet and the real ``serve`` processes, all stopped after the
-    test (``compat_tests.test_dra_faults.Bench``)."""
-    from compat_tests.test_dra_faults import Bench
+    test (``compat_tests.dra_bench.Bench``)."""
+    from compat_tests.dra_bench import Bench
 
     node = Bench(tmp_path, sockdir, logdir)
     try:
@@ -160,3 +160,18 @@ async def client(api: Any) -> AsyncIterator[Any]:
 
     async with ApiClient(api.url, api.token, api.ca_file) as session:
         yield session
+
+
+@pytest.fixture
+async def stack(sockdir: Path) -> AsyncIterator[Callable[[Any], Any]]:
+    """Start emulators and fake plugins through this; all are stopped at teardown."""
+    started: list[Any] = []
+
+    async def start(thing: Any) -> Any:
+        await thing.start()
+        started.append(thing)
+        return thing
+
+    yield start
+    for thing in reversed(started):
+        await thing.stop()

@@ -1,4 +1,4 @@
-"""``accelerator-device-plugin demo``: a whole node on one machine, no hardware, no cluster.
+"""``make demo`` (``python -m compat_tests.demo``): a whole node, no hardware, no cluster.
 
 A fake sysfs tree with Intel FPGA cards (both drivers, SR-IOV, two NUMA nodes; with
 ``--node mixed`` also AWS FPGA slots and Alveo cards, served together by ``--backend auto``),
@@ -9,15 +9,17 @@ whose firmware crashes and recovers, a port that is unplugged, and a clean stop.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
 import logging
+import os
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from pathlib import Path
 
 from api_versions.retry import RetryPolicy
@@ -27,7 +29,8 @@ from compat_tests.kubelet import KubeletEmulator, PluginCallError
 from plugin.cli.config import Settings
 from plugin.discovery.backends import make_backend
 from plugin.process.daemon import Daemon
-from plugin.serving.deviceplugin.server import Timing
+from plugin.process.logs import configure
+from plugin.serving.deviceplugin.timing import Timing
 
 RESOURCE = "b-com.com/accelerator"
 SHOWN_LOGGERS = ("api_versions.negotiate", "plugin.serving.deviceplugin",
@@ -202,5 +205,42 @@ def _device_of(kubelet: KubeletEmulator, bdf: str) -> str:
     raise LookupError(f"no device for function {bdf}")
 
 
+NODES = ("intel", "mixed", "migrate", "program")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``make demo [DEMO=<node>]``: the demo runs from the checkout's root, never from an
+    install, so its entry lives here with its code rather than in the installed CLI."""
+    parser = argparse.ArgumentParser(
+        prog="python -m compat_tests.demo",
+        description="simulated node: emulated kubelet + built-in devices")
+    parser.add_argument("--node", choices=NODES, default="intel",
+                        help="intel: Intel cards, served by the intel backend; mixed: Intel, "
+                             "AWS and Alveo cards together, served by the auto backend; "
+                             "migrate: one node moved to DRA and back; program: the function "
+                             "a pod needs, loaded on demand")
+    node = parser.parse_args(argv).node
+    # As the daemon's own CLI sets them: gRPC's core logs in its own format, and the
+    # plugin's logs go through the same configuration a node install uses.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    configure("info", "text")
+    try:
+        return asyncio.run(_story_of(node))
+    except KeyboardInterrupt:
+        return 130
+
+
+def _story_of(node: str) -> Coroutine[object, object, int]:
+    if node == "migrate":
+        from compat_tests.demo_migrate import run_migration_demo
+
+        return run_migration_demo()
+    if node == "program":
+        from compat_tests.demo_program import run_programming_demo
+
+        return run_programming_demo()
+    return run_demo(node)
+
+
 if __name__ == "__main__":
-    sys.exit(asyncio.run(run_demo()))
+    sys.exit(main())

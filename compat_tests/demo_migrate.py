@@ -1,4 +1,4 @@
-"""``accelerator-device-plugin demo --node migrate``: one node moved to DRA and back, live.
+"""``make demo DEMO=migrate``: one node moved to DRA and back, live.
 
 A simulated node (fake Intel FPGA sysfs), an emulated 1.36 API server holding a DeviceClass
 that maps ``b-com.com/accelerator`` (KEP-5004), emulated kubelets, and the real daemon with
@@ -30,7 +30,7 @@ from compat_tests.kubelet.dra_results import ClaimRef
 from plugin.cli.config import Settings
 from plugin.discovery.backends import make_backend
 from plugin.process.daemon import Daemon
-from plugin.serving.deviceplugin.server import Timing
+from plugin.serving.deviceplugin.timing import Timing
 from plugin.serving.dra.inventory import device_name
 
 NODE = "fpga-node-1"

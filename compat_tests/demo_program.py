@@ -1,4 +1,4 @@
-"""``accelerator-device-plugin demo --node program``: the function a pod needs, loaded on demand.
+"""``make demo DEMO=program``: the function a pod needs, loaded on demand.
 
 A simulated node whose Intel ports all hold NLB3, an emulated 1.36 API server holding the
 example DeviceClass ``nlb0.accelerator.b-com.com`` (deploy/examples/programming: it maps
@@ -41,7 +41,7 @@ from plugin.discovery.backends import make_backend
 from plugin.process.daemon import Daemon
 from plugin.programming.ids import dashed
 from plugin.programming.loaders.intel_pr import PortPrIoctl
-from plugin.serving.deviceplugin.server import Timing
+from plugin.serving.deviceplugin.timing import Timing
 
 NODE = "fpga-node-1"
 DRIVER = "accelerator.b-com.com"

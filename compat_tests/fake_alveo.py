@@ -20,7 +20,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from compat_tests.fake_sysfs import FakeNode, _address, _link, _write
+from compat_tests.fake_sysfs import FakeNode
+from compat_tests.fake_tree import pci_address, relative_link, write_file
 from plugin.discovery.backends.pci import PciAddress
 
 XILINX_VENDOR = "0x10ee"
@@ -60,7 +61,7 @@ def add_alveo_card(node: FakeNode, user_bdf: str, *, numa_node: int = 0,
                    management_device: str = MANAGEMENT_DEVICE, shell: str = DEFAULT_SHELL,
                    timestamp: str = DEFAULT_TIMESTAMP, xocl: bool = True) -> FakeAlveo:
     """A card whose user function is ``user_bdf`` (its management function is function 0)."""
-    user = _address(user_bdf)
+    user = pci_address(user_bdf)
     management = PciAddress(user.domain, user.bus, user.device, 0)
     if management == user:
         raise ValueError(f"{user_bdf}: the user function of a card is not function 0")
@@ -68,10 +69,10 @@ def add_alveo_card(node: FakeNode, user_bdf: str, *, numa_node: int = 0,
     index = len(cards)
     mgmt_path = node.add_function(str(management), vendor, management_device, numa_node,
                                   pci_class=ACCELERATOR_CLASS)
-    _write(mgmt_path / "mgmt_pf", "")
+    write_file(mgmt_path / "mgmt_pf", "")
     instance = (management.domain << 16) | (management.bus << 8) | (management.device << 3)
-    _write(mgmt_path / "instance", str(instance | management.function))
-    _write(mgmt_path / "ready", "1")
+    write_file(mgmt_path / "instance", str(instance | management.function))
+    write_file(mgmt_path / "ready", "1")
     _driver(node, mgmt_path, "xclmgmt")
     node.add_function(str(user), vendor, user_device, numa_node, pci_class=ACCELERATOR_CLASS)
     minor = RENDER_MINOR_BASE + index
@@ -88,25 +89,25 @@ def bind_xocl(node: FakeNode, user_bdf: str, *, shell: str = DEFAULT_SHELL,
     card = card_of(node, user_bdf)
     path = node.function_path(card.user)
     index = list(_cards(node)).index(card.user)
-    _write(path / "user_pf", "")
-    _write(path / "ready", "0x1")
-    _write(path / "dev_offline", "0")
-    _write(path / "device_bad_state", "0")
-    _write(path / "logic_uuids", DEFAULT_LOGIC_UUID)
-    _write(path / "interface_uuids", DEFAULT_INTERFACE_UUID)
-    _write(path / "xclbinuuid", NO_XCLBIN)
-    _write(path / f"rom.u.{index}" / "VBNV", shell)
-    _write(path / f"rom.u.{index}" / "timestamp", timestamp)
-    _write(path / f"firewall.u.{FIREWALL_INSTANCE_BASE + index}" / "status", "0")
-    _write(path / "drm" / f"card{index}" / "dev", f"{DRM_MAJOR}:{index}")
-    _write(path / "drm" / card.render / "dev", card.dev)
+    write_file(path / "user_pf", "")
+    write_file(path / "ready", "0x1")
+    write_file(path / "dev_offline", "0")
+    write_file(path / "device_bad_state", "0")
+    write_file(path / "logic_uuids", DEFAULT_LOGIC_UUID)
+    write_file(path / "interface_uuids", DEFAULT_INTERFACE_UUID)
+    write_file(path / "xclbinuuid", NO_XCLBIN)
+    write_file(path / f"rom.u.{index}" / "VBNV", shell)
+    write_file(path / f"rom.u.{index}" / "timestamp", timestamp)
+    write_file(path / f"firewall.u.{FIREWALL_INSTANCE_BASE + index}" / "status", "0")
+    write_file(path / "drm" / f"card{index}" / "dev", f"{DRM_MAJOR}:{index}")
+    write_file(path / "drm" / card.render / "dev", card.dev)
     _driver(node, path, "xocl")
     restore_render_node(node, user_bdf)
 
 
 def load_xclbin(node: FakeNode, user_bdf: str, uuid: str) -> None:
     """What xocl shows once an xclbin is loaded: its UUID in ``xclbinuuid``."""
-    _write(node.function_path(card_of(node, user_bdf).user) / "xclbinuuid", uuid)
+    write_file(node.function_path(card_of(node, user_bdf).user) / "xclbinuuid", uuid)
 
 
 def unbind_xocl(node: FakeNode, user_bdf: str) -> None:
@@ -125,13 +126,13 @@ def unbind_xocl(node: FakeNode, user_bdf: str) -> None:
 
 def set_state(node: FakeNode, user_bdf: str, name: str, value: str) -> None:
     """Write one of the user function's state files (``ready``, ``dev_offline``...) in place."""
-    _write(node.function_path(card_of(node, user_bdf).user) / name, value)
+    write_file(node.function_path(card_of(node, user_bdf).user) / name, value)
 
 
 def trip_firewall(node: FakeNode, user_bdf: str, status: str = "0x1") -> Path:
     path = node.function_path(card_of(node, user_bdf).user)
     [firewall] = [p for p in path.iterdir() if p.name.startswith("firewall.")]
-    _write(firewall / "status", status)
+    write_file(firewall / "status", status)
     return firewall / "status"
 
 
@@ -143,25 +144,25 @@ def delete_render_node(node: FakeNode, user_bdf: str) -> None:
 
 def restore_render_node(node: FakeNode, user_bdf: str) -> None:
     card = card_of(node, user_bdf)
-    _write(node.dev_root / "dri" / card.render, "")
-    _link(node.dev_root / "char" / card.dev, node.dev_root / "dri" / card.render)
+    write_file(node.dev_root / "dri" / card.render, "")
+    relative_link(node.dev_root / "char" / card.dev, node.dev_root / "dri" / card.render)
 
 
 def remove_alveo_card(node: FakeNode, user_bdf: str) -> None:
-    card = _cards(node).pop(str(_address(user_bdf)))
+    card = _cards(node).pop(str(pci_address(user_bdf)))
     delete_render_node(node, card.user)
     node.remove_function(card.user)
     node.remove_function(card.management)
 
 
 def card_of(node: FakeNode, user_bdf: str) -> FakeAlveo:
-    return _cards(node)[str(_address(user_bdf))]
+    return _cards(node)[str(pci_address(user_bdf))]
 
 
 def _driver(node: FakeNode, function: Path, name: str) -> None:
     driver = node.sysfs_root / "bus" / "pci" / "drivers" / name
     driver.mkdir(parents=True, exist_ok=True)
-    _link(function / "driver", driver)
+    relative_link(function / "driver", driver)
 
 
 ALVEO_CARDS = tuple(f"0000:{0x17 + 0x10 * i:02x}:00.1" for i in range(8))

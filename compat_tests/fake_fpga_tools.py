@@ -39,12 +39,13 @@ OPAE's layout independently of :mod:`plugin.programming.gbs`.
 from __future__ import annotations
 
 import json
-import re
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from compat_tests.fake_aws_tools import aws_describe, aws_load
+from compat_tests.fake_tool_support import SBDF, err, pause, strtoul
 
 if TYPE_CHECKING:
     from compat_tests.fake_sysfs import FakeNode
@@ -52,12 +53,6 @@ if TYPE_CHECKING:
 REPO_ROOT = Path(__file__).resolve().parent.parent
 GBS_GUID = bytes.fromhex("58656F6E46504741B747425376303031")
 TOOLS = ("fpgaconf", "xbutil", "fpga-load-local-image", "fpga-describe-local-image")
-AWS_VENDOR = "0x1d0f"
-AWS_MANAGEMENT = {"0x1041": "f1", "0x9248": "f2"}
-FPGA_SLOT_MAX = 8
-SBDF = re.compile(r"^(([0-9a-fA-F]{4}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
-AGFI = re.compile(r"^agfi-[0-9a-f]{17}$")
-SHELL_VERSION = 0x04261818  # any value: the SDK prints the shell's
 
 
 @dataclass(frozen=True)
@@ -142,26 +137,9 @@ def main(tool: str, config_path: str, argv: list[str]) -> int:
     config = json.loads(Path(config_path).read_text())
     with open(config["calls"], "a") as log:
         log.write(json.dumps({"tool": tool, "argv": argv}) + "\n")
-    run = {"fpgaconf": _fpgaconf, "xbutil": _xbutil, "fpga-load-local-image": _aws_load,
-           "fpga-describe-local-image": _aws_describe}[tool]
+    run = {"fpgaconf": _fpgaconf, "xbutil": _xbutil, "fpga-load-local-image": aws_load,
+           "fpga-describe-local-image": aws_describe}[tool]
     return run(config, argv)
-
-
-def _err(*lines: str) -> None:
-    for line in lines:
-        print(line, file=sys.stderr)
-
-
-def _strtoul(text: str) -> int | None:
-    """C ``strtoul(text, &end, 0)`` that must consume the whole string."""
-    try:
-        if text.lower().startswith("0x"):
-            return int(text[2:], 16)
-        if text.startswith("0") and len(text) > 1:
-            return int(text[1:], 8)
-        return int(text, 10)
-    except ValueError:
-        return None
 
 
 # fpgaconf ------------------------------------------------------------------------------------
@@ -178,16 +156,16 @@ def _fpgaconf(config: dict[str, object], argv: list[str]) -> int:
     words = iter(argv)
     for word in words:
         if word.split("=", 1)[0] in _FILTERS and "=" in word:
-            _err("Invalid cmdline options")  # argsfilter would drop the next word too
+            err("Invalid cmdline options")  # argsfilter would drop the next word too
             return 1
         if word in _FILTERS:
             value = next(words, None)
             if value is None:
-                _err("Missing option argument")
+                err("Missing option argument")
                 return 7
-            number = _strtoul(value)
+            number = strtoul(value)
             if number is None:
-                _err(f"invalid {_FILTERS[word]}: {value}", "Error failed arg parse: invalid "
+                err(f"invalid {_FILTERS[word]}: {value}", "Error failed arg parse: invalid "
                      "parameter")
                 return 7
             target[_FILTERS[word]] = number
@@ -204,7 +182,7 @@ def _fpgaconf(config: dict[str, object], argv: list[str]) -> int:
     for word in rest:
         if word.startswith("-") and word != "-":
             if word not in _FPGACONF_FLAGS:
-                _err("Invalid cmdline options")
+                err("Invalid cmdline options")
                 return 1
             if word in ("-h", "--help", "-v", "--version"):
                 print("fpgaconf (stand-in)")
@@ -212,32 +190,32 @@ def _fpgaconf(config: dict[str, object], argv: list[str]) -> int:
         else:
             files.append(word)
     if not files:
-        _err("No GBS file")
+        err("No GBS file")
         return 1
     gbs_path = Path(files[0])
     if not gbs_path.is_file():
-        _err('Error locating GBS file specified: "No such file or directory"')
+        err('Error locating GBS file specified: "No such file or directory"')
         return 1
     try:
         gbs = gbs_parts(gbs_path.read_bytes())
     except (ValueError, KeyError, IndexError, TypeError) as exc:
-        _err(f"libbitstream: invalid GBS {gbs_path}: {exc}")
+        err(f"libbitstream: invalid GBS {gbs_path}: {exc}")
         return 2
     matches = [card for card in _intel_cards(Path(str(config["sysfs"])))
                if card[2] == gbs.interface_id and _at(card[0], target)]
     if not matches:
-        _err("No suitable slots found.")
+        err("No suitable slots found.")
         return 4
     if len(matches) > 1:
-        _err("Found more than one suitable slot, please be more specific.")
+        err("Found more than one suitable slot, please be more specific.")
         return 5
-    _pause(config)
+    pause(config)
     _bdf, card_dir, _interface = matches[0]
     port = next((p for p in sorted(card_dir.iterdir()) if (p / "id").is_file()
                  and (p / "id").read_text().strip() == "0"), None)
     if config["fail"] or port is None:
         why = config["fail"] or "Accelerator in use or not found"
-        _err(f"libopae-c reconf.c: Failed to reconfigure bitstream: {why}",
+        err(f"libopae-c reconf.c: Failed to reconfigure bitstream: {why}",
              "Error writing bitstream to FPGA: reconfiguration error")
         return 5
     (port / "afu_id").write_text(gbs.afu_id + "\n")
@@ -270,17 +248,11 @@ def _at(bdf: str, target: dict[str, int]) -> bool:
     return all(actual[key] == value for key, value in target.items())
 
 
-def _pause(config: dict[str, object]) -> None:
-    delay = float(str(config["delay"]))
-    if delay:
-        time.sleep(delay)
-
-
 # xbutil --------------------------------------------------------------------------------------
 
 def _xbutil(config: dict[str, object], argv: list[str]) -> int:
     if not argv or argv[0] != "program":
-        _err(f"ERROR: Unknown sub-command: '{argv[0] if argv else ''}'")
+        err(f"ERROR: Unknown sub-command: '{argv[0] if argv else ''}'")
         return 1
     options: dict[str, str] = {}
     words = iter(argv[1:])
@@ -291,11 +263,11 @@ def _xbutil(config: dict[str, object], argv: list[str]) -> int:
             print("program options (stand-in)")
             return 0
         if key is None:
-            _err(f"ERROR: unrecognised option '{word}'")
+            err(f"ERROR: unrecognised option '{word}'")
             return 1
         value = inline or next(words, None)
         if value is None:
-            _err(f"ERROR: the required argument for option '{name}' is missing")
+            err(f"ERROR: the required argument for option '{name}' is missing")
             return 1
         options[key] = value
     sysfs = Path(str(config["sysfs"]))
@@ -304,12 +276,12 @@ def _xbutil(config: dict[str, object], argv: list[str]) -> int:
     device = options.get("device", "").lower()
     if not device:
         if len(users) != 1:
-            _err("ERROR: Multiple devices found. Please specify a single device using the "
+            err("ERROR: Multiple devices found. Please specify a single device using the "
                  "--device option")
             return 1
         device = users[0]
     if device not in users:
-        _err(f"ERROR: Specified device BDF '{device}' not found")
+        err(f"ERROR: Specified device BDF '{device}' not found")
         return 1
     if "user" not in options:
         print("\nERROR: Missing program operation. No action taken.\n")
@@ -318,169 +290,24 @@ def _xbutil(config: dict[str, object], argv: list[str]) -> int:
     try:
         data = path.read_bytes()
     except OSError as exc:
-        _err(f"ERROR: Could not open {path} for reading: {exc.strerror}")
+        err(f"ERROR: Could not open {path} for reading: {exc.strerror}")
         return 1
     if len(data) < 456 or data[:8] != b"xclbin2\0":
-        _err(f"ERROR: Invalid xclbin file: {path}")
+        err(f"ERROR: Invalid xclbin file: {path}")
         return 1
     function = sysfs / "bus" / "pci" / "devices" / device
     interface = data[336:352]
     shell = (function / "interface_uuids").read_text().split()
     if any(interface) and interface.hex() not in shell:
-        _err(f"ERROR: Could not program device {device} : xclbin interface uuid "
+        err(f"ERROR: Could not program device {device} : xclbin interface uuid "
              f"{interface.hex()} does not match the shell's {' '.join(shell)}")
         return 1
-    _pause(config)
+    pause(config)
     if config["fail"]:
-        _err(f"ERROR: Could not program device {device} : {config['fail']}")
+        err(f"ERROR: Could not program device {device} : {config['fail']}")
         return 1
     raw = data[416:432].hex()
     uuid = f"{raw[:8]}-{raw[8:12]}-{raw[12:16]}-{raw[16:20]}-{raw[20:]}"
     (function / "xclbinuuid").write_text(uuid + "\n")
     print(f"INFO: xrt-smi program succeeded on {device}")
     return 0
-
-
-# AWS FPGA SDK --------------------------------------------------------------------------------
-
-_AWS_USAGE_ERROR = 256 - 22  # parse_args returns -EINVAL; main returns it as the status
-
-
-def _aws_args(argv: list[str], with_value: dict[str, str],
-              flags: dict[str, str]) -> dict[str, str] | None:
-    """getopt_long the SDK's way; None (after its usage and error lines) if refused."""
-    parsed: dict[str, str] = {}
-    words = iter(argv)
-    for word in words:
-        name, eq, inline = word.partition("=")
-        if name in with_value:
-            value = inline if eq else next(words, None)
-            if value is None:
-                break
-            parsed[with_value[name]] = value
-        elif len(word) > 2 and word[:2] in with_value and not word.startswith("--"):
-            parsed[with_value[word[:2]]] = word[2:]
-        elif word in flags:
-            parsed[flags[word]] = "1"
-        else:
-            break
-    else:
-        return parsed
-    print("  SYNOPSIS (stand-in usage)")
-    print("Error: (-22) Invalid argument")
-    return None
-
-
-def _aws_slots(sysfs: Path) -> list[tuple[str, str]]:
-    """``(management address, application address)`` in the SDK's slot order."""
-    managers = []
-    devices = sysfs / "bus" / "pci" / "devices"
-    for entry in sorted(devices.iterdir()):
-        vendor = (entry / "vendor").read_text().strip() if (entry / "vendor").exists() else ""
-        device = (entry / "device").read_text().strip() if (entry / "device").exists() else ""
-        if vendor == AWS_VENDOR and device in AWS_MANAGEMENT:
-            match = SBDF.match(entry.name)
-            assert match is not None
-            dev, fn = int(match[4], 16), int(match[5])
-            if AWS_MANAGEMENT[device] == "f1":
-                app = f"{match[2]}:{match[3]}:{dev - 1:02x}.{fn}"
-            else:
-                app = f"{match[2]}:{match[3]}:{dev:02x}.0"
-            managers.append((entry.name, app))
-    return managers[:FPGA_SLOT_MAX]
-
-
-def _aws_show(config: dict[str, object], slot: int, app: str, headers: bool) -> None:
-    state = _aws_state(config).get(str(slot), {})
-    agfi, status = state.get("agfi", "none"), state.get("status", "cleared")
-    code = {"loaded": 0, "cleared": 1}.get(status, 7)
-    if headers:
-        print("Type  FpgaImageSlot  FpgaImageId             StatusName    StatusCode   "
-              "ErrorName    ErrorCode   ShVersion")
-    # printf("%-10s  %2u       %-22s", ...) then ("  %-8s         %2d        %-8s        %2d"
-    # "       0x%08x\n", ...): cli_show_image_info in fpga_local_cmd.c
-    print(f"{'AFI':<10}  {slot:>2}       {agfi:<22}"
-          f"  {status:<8}         {code:>2}        {'ok':<8}        {0:>2}"
-          f"       0x{SHELL_VERSION:08x}")
-    function = Path(str(config["sysfs"])) / "bus" / "pci" / "devices" / app
-    if headers:
-        print("Type  FpgaImageSlot  VendorId    DeviceId    DBDF")
-    if function.exists():
-        vendor = int((function / "vendor").read_text(), 16)
-        device = int((function / "device").read_text(), 16)
-        print(f"{'AFIDEVICE':<10}  {slot:>2}       0x{vendor:04x}      0x{device:04x}      {app}")
-    else:
-        print(f"{'AFIDEVICE':<10}    unknown    unknown    unknown")
-
-
-def _aws_state(config: dict[str, object]) -> dict[str, dict[str, str]]:
-    path = Path(str(config["state"]))
-    return json.loads(path.read_text()) if path.exists() else {}
-
-
-def _aws_slot(config: dict[str, object], text: str | None) -> tuple[int, str] | int:
-    if text is None:
-        print("  SYNOPSIS (stand-in usage)")
-        print("Error: (-22) Invalid argument")
-        return _AWS_USAGE_ERROR
-    slot = _strtoul(text)
-    if slot is None or slot >= FPGA_SLOT_MAX:
-        print(f"fpga-image-slot must be less than {FPGA_SLOT_MAX}")
-        print("Error: (-22) Invalid argument")
-        return _AWS_USAGE_ERROR
-    slots = _aws_slots(Path(str(config["sysfs"])))
-    if slot >= len(slots):
-        print("Error: (20) pci-device-missing")
-        return 20
-    return slot, slots[slot][1]
-
-
-def _aws_load(config: dict[str, object], argv: list[str]) -> int:
-    args = _aws_args(argv, {"-S": "slot", "--fpga-image-slot": "slot", "-I": "agfi",
-                            "--fpga-image-id": "agfi", "--request-timeout": "request",
-                            "--sync-timeout": "sync"},
-                     {"-A": "async", "--async": "async", "-H": "headers", "--headers": "headers",
-                      "-F": "force", "--force-shell-reload": "force", "-P": "prefetch",
-                      "--prefetch-image": "prefetch"})
-    if args is None:
-        return _AWS_USAGE_ERROR
-    if "agfi" not in args:
-        print("Error: (-22) Invalid argument")
-        return _AWS_USAGE_ERROR
-    where = _aws_slot(config, args.get("slot"))
-    if isinstance(where, int):
-        return where
-    slot, app = where
-    if not AGFI.match(args["agfi"]):
-        print("Error: (5) invalid-afi-id")
-        print("The agfi id passed is invalid or you do not have permission to load\nthe AFI.")
-        return 5
-    _pause(config)
-    if config["fail"]:
-        print(f"Error: (7) {config['fail']}")
-        return 7
-    state = _aws_state(config)
-    state[str(slot)] = {"agfi": args["agfi"], "status": "loaded"}
-    Path(str(config["state"])).write_text(json.dumps(state))
-    if "async" not in args:
-        _aws_show(config, slot, app, "headers" in args)
-    return 0
-
-
-def _aws_describe(config: dict[str, object], argv: list[str]) -> int:
-    args = _aws_args(argv, {"-S": "slot", "--fpga-image-slot": "slot",
-                            "--request-timeout": "request"},
-                     {"-M": "metrics", "--metrics": "metrics", "-C": "metrics",
-                      "--clear-metrics": "metrics", "-L": "metrics", "--clear-cache": "metrics",
-                      "-R": "rescan", "--rescan": "rescan", "-H": "headers",
-                      "--headers": "headers"})
-    if args is None:
-        return _AWS_USAGE_ERROR
-    where = _aws_slot(config, args.get("slot"))
-    if isinstance(where, int):
-        return where
-    slot, app = where
-    _aws_show(config, slot, app, "headers" in args)
-    return 0
-
-

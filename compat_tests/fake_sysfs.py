@@ -19,8 +19,14 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from compat_tests.fake_aws import AMAZON_VENDOR, AwsSlots
+from compat_tests.fake_aws import F1_CLEARED as F1_CLEARED
+from compat_tests.fake_aws import F1_MANAGEMENT as F1_MANAGEMENT
+from compat_tests.fake_aws import F2_CLEARED as F2_CLEARED
+from compat_tests.fake_aws import F2_MANAGEMENT as F2_MANAGEMENT
+from compat_tests.fake_tree import pci_address, relative_link, write_file
 from plugin.discovery.backends.base import BackendConfig
-from plugin.discovery.backends.pci import PciAddress, parse_bdf
+from plugin.discovery.backends.pci import PciAddress
 
 DEFAULT_AFU_ID = "d8424dc4a4a3c413f89e433683f9040b"
 OTHER_AFU_ID = "9e1f4ab2c6d3487a8b0e5f1a2c3d4e5f"
@@ -28,11 +34,6 @@ CRASHED_AFU_ID = "f" * 32
 DEFAULT_INTERFACE_ID = "3a00972ec9bf4b2a8e3c1c5e5a6f0d11"
 INTEL_VENDOR = "0x8086"
 FPGA_CLASS = "0x120000"
-AMAZON_VENDOR = "0x1d0f"
-F1_CLEARED = "0x1042"
-F1_MANAGEMENT = "0x1041"
-F2_CLEARED = "0x9048"
-F2_MANAGEMENT = "0x9248"
 MAJORS = {"intel-fpga": 240, "dfl": 508}
 FME_MAJORS = {"intel-fpga": 241, "dfl": 509}
 """The FME's character devices have a major of their own (``dfl.c`` registers one chrdev
@@ -59,7 +60,7 @@ class FakeCard:
     """The FME's sysfs directory (``intel-fpga-fme.N`` / ``dfl-fme.N``); None on a VF."""
 
 
-class FakeNode:
+class FakeNode(AwsSlots):
     """A node's ``sys`` and ``dev`` trees under ``root``; see the module docstring."""
 
     def __init__(self, root: Path) -> None:
@@ -85,7 +86,7 @@ class FakeNode:
     # PCI functions ----------------------------------------------------------------------
 
     def function_path(self, bdf: str) -> Path:
-        address = _address(bdf)
+        address = pci_address(bdf)
         return self.sysfs_root / "devices" / f"pci{address.domain:04x}:{address.bus:02x}" / str(
             address)
 
@@ -97,20 +98,20 @@ class FakeNode:
         path.mkdir(parents=True, exist_ok=True)
         for name, value in (("vendor", vendor), ("device", device), ("class", pci_class),
                             ("numa_node", str(numa_node))):
-            _write(path / name, value)
+            write_file(path / name, value)
         if subsystem_device is not None:
-            _write(path / "subsystem_vendor", vendor)
-            _write(path / "subsystem_device", subsystem_device)
-        _link(self.sysfs_root / "bus" / "pci" / "devices" / str(_address(bdf)), path)
+            write_file(path / "subsystem_vendor", vendor)
+            write_file(path / "subsystem_device", subsystem_device)
+        relative_link(self.sysfs_root / "bus" / "pci" / "devices" / str(pci_address(bdf)), path)
         if physfn is not None:
             parent = self.function_path(physfn)
-            _link(path / "physfn", parent)
+            relative_link(path / "physfn", parent)
             index = len([p for p in parent.iterdir() if p.name.startswith("virtfn")])
-            _link(parent / f"virtfn{index}", path)
+            relative_link(parent / f"virtfn{index}", path)
         return path
 
     def remove_function(self, bdf: str) -> None:
-        canonical = str(_address(bdf))
+        canonical = str(pci_address(bdf))
         (self.sysfs_root / "bus" / "pci" / "devices" / canonical).unlink(missing_ok=True)
         shutil.rmtree(self.function_path(bdf), ignore_errors=True)
 
@@ -139,14 +140,14 @@ class FakeNode:
     def _add_card(self, driver: str, bdf: str, ports: int, vfs: int, numa_node: int,
                   device: str, vf_device: str, afu_id: str, interface_id: str | None,
                   subsystem_device: str | None = None) -> list[str]:
-        canonical = str(_address(bdf))
+        canonical = str(pci_address(bdf))
         self.add_function(canonical, INTEL_VENDOR, device, numa_node,
                           subsystem_device=subsystem_device)
         self._card(driver, canonical, interface_id)
         names: list[str] = []
         if vfs == 0:
             names += [self.add_port(canonical, afu_id=afu_id) for _ in range(ports)]
-        pf = _address(canonical)
+        pf = pci_address(canonical)
         for index in range(vfs):
             vf = str(PciAddress(pf.domain, pf.bus, pf.device, index + 1))
             self.add_function(vf, INTEL_VENDOR, vf_device, numa_node, physfn=canonical,
@@ -164,7 +165,7 @@ class FakeNode:
             path.mkdir(parents=True)
             if interface_id is not None:
                 fme = path / self._take("intel-fpga-fme", "intel-fpga-fme.{}")
-                _write(fme / "pr" / "interface_id", interface_id)
+                write_file(fme / "pr" / "interface_id", interface_id)
             class_link = self.sysfs_root / "class" / "fpga" / name
         else:
             name = self._take("region", "region{}")
@@ -176,18 +177,18 @@ class FakeNode:
                 fme_region = fme / f"dfl-fme-region.{fme_name.split('.')[1]}"
                 pr_name = self._take("region", "region{}")
                 pr = fme_region / "fpga_region" / pr_name
-                _write(pr / "compat_id", interface_id)
-                _link(pr / "device", fme_region)
-                _link(self.sysfs_root / "class" / "fpga_region" / pr_name, pr)
+                write_file(pr / "compat_id", interface_id)
+                relative_link(pr / "device", fme_region)
+                relative_link(self.sysfs_root / "class" / "fpga_region" / pr_name, pr)
             class_link = self.sysfs_root / "class" / "fpga_region" / name
-        _link(class_link, path)
-        _link(path / "device", function)
+        relative_link(class_link, path)
+        relative_link(path / "device", function)
         card = FakeCard(driver, bdf, path, class_link, fme=fme)
         self.cards[bdf] = card
         if fme is not None:
             minor = self._fme_minor[driver]
             self._fme_minor[driver] += 1
-            _write(fme / "dev", f"{FME_MAJORS[driver]}:{minor}")
+            write_file(fme / "dev", f"{FME_MAJORS[driver]}:{minor}")
             self.restore_fme_node(bdf)
         return card
 
@@ -206,13 +207,13 @@ class FakeNode:
     def restore_fme_node(self, bdf: str) -> None:
         fme = self.cards[bdf].fme
         assert fme is not None, f"{bdf} has no FME"
-        _write(self.dev_root / fme.name, "")
-        _link(self.dev_root / "char" / self.fme_dev(bdf), self.dev_root / fme.name)
+        write_file(self.dev_root / fme.name, "")
+        relative_link(self.dev_root / "char" / self.fme_dev(bdf), self.dev_root / fme.name)
 
     def add_port(self, bdf: str, *, afu_id: str = DEFAULT_AFU_ID,
                  port_id: int | None = None) -> str:
         """A new port on the card of function ``bdf``, with its device node; returns its name."""
-        card = self.cards[str(_address(bdf))]
+        card = self.cards[str(pci_address(bdf))]
         prefix = "intel-fpga-port" if card.driver == "intel-fpga" else "dfl-port"
         name = self._take(prefix, prefix + ".{}")
         if port_id is None:
@@ -222,10 +223,10 @@ class FakeNode:
         minor = self._minor[card.driver]
         self._minor[card.driver] += 1
         dev = f"{MAJORS[card.driver]}:{minor}"
-        _write(path / "afu_id", afu_id)
-        _write(path / "dev", dev)
-        _write(path / "id", str(port_id))
-        _write(path / "errors" / "errors", "0x0")
+        write_file(path / "afu_id", afu_id)
+        write_file(path / "dev", dev)
+        write_file(path / "id", str(port_id))
+        write_file(path / "errors" / "errors", "0x0")
         self.ports[name] = FakePort(name, card.driver, card.bdf, path, dev)
         card.ports.append(name)
         self.restore_device_node(name)
@@ -251,7 +252,7 @@ class FakeNode:
         card = self.cards[port.bdf]
         number = int((port.path / "id").read_text())
         afu_id = (port.path / "afu_id").read_text().strip()
-        pf = _address(port.bdf)
+        pf = pci_address(port.bdf)
         parent = self.function_path(port.bdf)
         numa = int((parent / "numa_node").read_text())
         index = len([p for p in parent.iterdir() if p.name.startswith("virtfn")])
@@ -272,11 +273,11 @@ class FakeNode:
         return self.cards[port.bdf].class_link / name
 
     def set_afu_id(self, name: str, afu_id: str) -> None:
-        _write(self.ports[name].path / "afu_id", afu_id)
+        write_file(self.ports[name].path / "afu_id", afu_id)
 
     def set_port_error(self, name: str, value: int | str) -> None:
         text = f"{value:#x}" if isinstance(value, int) else value
-        _write(self.ports[name].path / "errors" / "errors", text)
+        write_file(self.ports[name].path / "errors" / "errors", text)
 
     def delete_device_node(self, name: str) -> None:
         port = self.ports.get(name)
@@ -286,94 +287,8 @@ class FakeNode:
 
     def restore_device_node(self, name: str) -> None:
         port = self.ports[name]
-        _write(self.dev_root / name, "")
-        _link(self.dev_root / "char" / port.dev, self.dev_root / name)
-
-    # AWS F1 -----------------------------------------------------------------------------
-
-    def add_slot(self, app_bdf: str, *, numa_node: int = 0,
-                 app_device: str = F1_CLEARED) -> int:
-        """An F1 slot: the application function and its management function at device + 1."""
-        app = _address(app_bdf)
-        management = app.with_device(app.device + 1)
-        if management is None:
-            raise ValueError(f"{app_bdf}: no room for the management function after it")
-        self.add_function(str(app), AMAZON_VENDOR, app_device, numa_node, pci_class="0x058000")
-        self.add_function(str(management), AMAZON_VENDOR, F1_MANAGEMENT, numa_node,
-                          pci_class="0x058000")
-        self.slots.append((str(app), str(management)))
-        return len(self.slots) - 1
-
-    def remove_slot(self, app_bdf: str) -> None:
-        """Both functions of the slot disappear (instance resized, device unplugged)."""
-        for pair in list(self.slots):
-            if pair[0] == str(_address(app_bdf)):
-                self.slots.remove(pair)
-                for bdf in pair:
-                    self.remove_function(bdf)
-
-    def remove_application_function(self, app_bdf: str) -> None:
-        """Only the application function goes, as while an image is being loaded."""
-        self.remove_function(app_bdf)
-
-    # AWS F2 -----------------------------------------------------------------------------
-
-    def add_f2_slot(self, app_bdf: str, *, numa_node: int = 0, app_vendor: str = AMAZON_VENDOR,
-                    app_device: str = F2_CLEARED, mgmt_function: int = 1, bar: bool = True,
-                    subsystem_vendor: str | None = None,
-                    subsystem_device: str | None = None) -> int:
-        """An F2 slot: the application function at function 0 and its management ("mailbox")
-        function ``0x1d0f:0x9248`` at ``mgmt_function`` of the same device, as aws-fpga's
-        ``fpga_pci_mbox2app()`` pairs them (its README shows app ``0000:34:00.0`` with
-        management ``0000:34:00.1``).
-
-        Both get a ``resource0`` file (BAR0: the application's OCL window, the management
-        function's mailbox) unless ``bar`` is False for the application. The PCI class is
-        the one :meth:`add_slot` uses for F1 (``0x058000``): F2's own class was not
-        established. Subsystem IDs are written only when given: those of a cleared F2 slot
-        were not established either, and the fake does not make them up.
-        """
-        app = _address(app_bdf)
-        if app.function != 0:
-            raise ValueError(f"{app_bdf}: an F2 application function is function 0")
-        if not 1 <= mgmt_function <= 7:
-            raise ValueError(f"management function {mgmt_function} is not 1..7")
-        management = PciAddress(app.domain, app.bus, app.device, mgmt_function)
-        self._add_f2_application(str(app), app_vendor, app_device, numa_node, bar,
-                                 subsystem_vendor, subsystem_device)
-        path = self.add_function(str(management), AMAZON_VENDOR, F2_MANAGEMENT, numa_node,
-                                 pci_class="0x058000")
-        _write(path / "resource0", "")
-        self.slots.append((str(app), str(management)))
-        return len(self.slots) - 1
-
-    def load_afi(self, app_bdf: str, vendor: str, device: str, *,
-                 subsystem_vendor: str | None = None,
-                 subsystem_device: str | None = None) -> None:
-        """The application function re-appears with an image's own IDs, as after an F2 load
-        (AWS_Shell_Interface_Specification.md: the image sets the application function's
-        vendor, device and subsystem IDs). Works whether the function is there or away;
-        NUMA node and BAR0 are kept from the slot as it was."""
-        app = str(_address(app_bdf))
-        management = next(m for a, m in self.slots if a == app)
-        numa = (self.function_path(management) / "numa_node").read_text().strip()
-        current = self.function_path(app)
-        bar = (current / "resource0").exists() or not current.exists()
-        self.remove_function(app)
-        self._add_f2_application(app, vendor, device, int(numa), bar, subsystem_vendor,
-                                 subsystem_device)
-
-    def _add_f2_application(self, app: str, vendor: str, device: str, numa_node: int,
-                            bar: bool, subsystem_vendor: str | None,
-                            subsystem_device: str | None) -> Path:
-        path = self.add_function(app, vendor, device, numa_node, pci_class="0x058000")
-        if bar:
-            _write(path / "resource0", "")
-        for name, value in (("subsystem_vendor", subsystem_vendor),
-                            ("subsystem_device", subsystem_device)):
-            if value is not None:
-                _write(path / name, value)
-        return path
+        write_file(self.dev_root / name, "")
+        relative_link(self.dev_root / "char" / port.dev, self.dev_root / name)
 
     def _take(self, counter: str, pattern: str) -> str:
         number = self._next[counter]
@@ -453,18 +368,18 @@ def build_broken_node(root: Path) -> FakeNode:
     node.delete_device_node(nodeless)
     node.add_opae_card("0000:af:00.0", afu_id="not-an-afu-id", numa_node=1)
     node.add_dfl_card("0000:d8:00.0", numa_node=1)
-    _write(node.function_path("0000:d8:00.0") / "numa_node", "banana")
+    write_file(node.function_path("0000:d8:00.0") / "numa_node", "banana")
     node.add_dfl_card("0000:12:00.0")
     orphan = node.sysfs_root / "devices" / "platform" / "fpga-sim" / "fpga" / "intel-fpga-dev.90"
-    _write(orphan / "intel-fpga-port.90" / "afu_id", DEFAULT_AFU_ID)
-    _write(orphan / "intel-fpga-port.90" / "dev", "240:90")
-    _link(node.sysfs_root / "class" / "fpga" / "intel-fpga-dev.90", orphan)
-    _link(node.sysfs_root / "class" / "fpga" / "intel-fpga-dev.91",
+    write_file(orphan / "intel-fpga-port.90" / "afu_id", DEFAULT_AFU_ID)
+    write_file(orphan / "intel-fpga-port.90" / "dev", "240:90")
+    relative_link(node.sysfs_root / "class" / "fpga" / "intel-fpga-dev.90", orphan)
+    relative_link(node.sysfs_root / "class" / "fpga" / "intel-fpga-dev.91",
           node.sysfs_root / "devices" / "gone")
     loop = node.sysfs_root / "class" / "fpga_region" / "region90"
     os.symlink("region91", loop)
     os.symlink("region90", loop.parent / "region91")
-    _write(node.cards["0000:12:00.0"].path / "dfl-port.x" / "afu_id", DEFAULT_AFU_ID)
+    write_file(node.cards["0000:12:00.0"].path / "dfl-port.x" / "afu_id", DEFAULT_AFU_ID)
     return node
 
 
@@ -477,21 +392,3 @@ def build_ports(root: Path, count: int, driver: str = "dfl") -> FakeNode:
     return node
 
 
-def _address(bdf: str) -> PciAddress:
-    address = parse_bdf(bdf)
-    if address is None:
-        raise ValueError(f"{bdf!r} is not a PCI address")
-    return address
-
-
-def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text + "\n" if text else "")
-
-
-def _link(link: Path, target: Path) -> None:
-    """A relative symlink, as sysfs and udev make them, so a tree can be moved or copied."""
-    link.parent.mkdir(parents=True, exist_ok=True)
-    if link.is_symlink() or link.exists():
-        link.unlink()
-    os.symlink(os.path.relpath(target, link.parent), link)

@@ -1,6 +1,6 @@
 """The real ``serve --api dra`` against emulated Kubernetes 1.36, 1.37 and 1.38.
 
-Each case starts the API server and kubelet of the releases named (``test_dra_faults.Bench``)
+Each case starts the API server and kubelet of the releases named (``compat_tests.dra_bench.Bench``)
 and the real driver process, and asserts what such a cluster would see: the kubelet's device
 health arriving through the health service that release picks (v1 from 1.37, v1alpha1 before),
 slices published through resource.k8s.io/v1 with no request ever made to v1beta1 of a 1.38
@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from compat_tests.apiserver import validate
-from compat_tests.test_dra_faults import DRIVER, NODE, Bench, messages
+from compat_tests.dra_bench import DRIVER, NODE, Bench, messages
 
 NUMA_NODE = "resource.kubernetes.io/numaNode"
 

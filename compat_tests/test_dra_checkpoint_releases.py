@@ -22,12 +22,12 @@ from pathlib import Path
 
 import pytest
 
+from compat_tests.dra_bench import DRIVER, NODE, Bench, messages
 from compat_tests.dra_support import recorded_claims
 from compat_tests.kubelet.dra_results import ClaimRef
 from compat_tests.plugin_process import PluginProcess
 from compat_tests.previous_release import PREVIOUS_RELEASE, previous_release_tree
-from compat_tests.test_dra_faults import DRIVER, NODE, Bench, messages
-from plugin.serving.dra import checkpoint as checkpoint_module
+from plugin.serving.dra import checkpoint_format
 from plugin.serving.dra.driver import CHECKPOINT_FILE
 from plugin.version import VERSION
 
@@ -132,8 +132,8 @@ async def test_a_newer_major_format_is_refused_loudly_kept_whole_and_read_once_b
     claims, specs = await prepare_two_and_stop(bench, plugin)
     checkpoint = bench.state / CHECKPOINT_FILE
     ours, rest = checkpoint.read_text().split("\n", 1)
-    newer = checkpoint_module.FORMAT_VERSION + 1
-    checkpoint.write_text(json.dumps({"kind": checkpoint_module.KIND, "version": newer,
+    newer = checkpoint_format.FORMAT_VERSION + 1
+    checkpoint.write_text(json.dumps({"kind": checkpoint_format.KIND, "version": newer,
                                       "minor": 0, "writtenBy": "9.0.0"}) + "\n" + rest)
     before = checkpoint.read_bytes()
 

@@ -1,6 +1,6 @@
 """Claim device status (KEP-4817) from the real ``serve --api dra``.
 
-Between the emulated 1.36 API server and kubelet of ``test_dra_faults``: after the kubelet's
+Between the emulated 1.36 API server and kubelet of ``dra_bench``: after the kubelet's
 NodePrepareResources the claim's ``status.devices`` names each prepared port (PCI address,
 device nodes, CDI devices) with a ``Ready`` condition; a port turning unhealthy turns it False
 with the health reason, and back; a refused (403) or hanging status write never touches the
@@ -17,10 +17,10 @@ import pytest
 
 from compat_tests.apiserver import DEFAULT_USER
 from compat_tests.apiserver.client import ApiClient
+from compat_tests.dra_bench import DRIVER, NAMESPACE, NODE, Bench, messages, port_device
 from compat_tests.fake_sysfs import CRASHED_AFU_ID, DEFAULT_AFU_ID
 from compat_tests.kubelet.dra_results import ClaimRef
 from compat_tests.test_dra_auto import Scraper, key
-from compat_tests.test_dra_faults import DRIVER, NAMESPACE, NODE, Bench, messages, port_device
 
 OTHER_DRIVER = "gpu.example.com"
 APPLY = "application/apply-patch+yaml"

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from compat_tests.dra_bench import NAMESPACE, Bench, port_device
 from compat_tests.dra_support import until
 from compat_tests.test_dra_auto import (  # noqa: F401
     NODE,
@@ -26,7 +27,6 @@ from compat_tests.test_dra_auto import (  # noqa: F401
     cluster,
     mapped_node,
 )
-from compat_tests.test_dra_faults import NAMESPACE, Bench, port_device
 
 OLD = "containerd://1.6.20"
 WHY_OLD = "runtime containerd://1.6.20 does not apply CDI (containerd < 1.7)"

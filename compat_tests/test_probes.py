@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
+from compat_tests.dra_bench import DRIVER, Bench
 from compat_tests.dra_support import until
 from compat_tests.plugin_process import PluginProcess, run_at_start_up
 from compat_tests.test_dra_auto import cluster, mapped_node
-from compat_tests.test_dra_faults import DRIVER, Bench
 from compat_tests.test_matrix import RESOURCE, SETTLE, assert_serves_units
 from plugin.version import VERSION
 

@@ -1,11 +1,13 @@
-"""`demo` where its code or the `demo` extra is missing, as on a node install.
+"""The demo runs from the checkout, never from an install.
 
-The image test proves it on the real runtime venv; here each missing piece is simulated in
-a fresh interpreter (a ``None`` entry in ``sys.modules`` makes its import fail as if absent).
+Its code (``compat_tests/``) is in no wheel, so an installed CLI with a ``demo`` command could
+only fail; the command left the CLI and ``make demo`` runs ``python -m compat_tests.demo``.
 """
 
 from __future__ import annotations
 
+import ast
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,37 +15,49 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+VALID = ("serve", "discover", "loader", "healthcheck")
 
 
-def _demo_without(module: str, node: str) -> subprocess.CompletedProcess[str]:
-    script = (f"import sys; sys.modules[{module!r}] = None; "
-              "from plugin.cli.main import main; "
-              f"raise SystemExit(main(['demo', '--node', {node!r}]))")
-    return subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
-                          text=True, timeout=120, check=False)
+def _installed_cli() -> list[str]:
+    """The console script pip installed next to this interpreter, else ``python -m plugin``."""
+    script = Path(sys.executable).parent / "accelerator-device-plugin"
+    found = script if script.exists() else shutil.which("accelerator-device-plugin")
+    return [str(found)] if found else [sys.executable, "-m", "plugin"]
 
 
-@pytest.mark.parametrize(("missing", "node"), [
-    ("compat_tests", "intel"),
-    ("compat_tests.demo", "mixed"),
-    ("compat_tests.demo_migrate", "migrate"),
-    ("aiohttp", "migrate"),
-    ("cryptography", "migrate"),
-    ("compat_tests.demo_program", "program"),
-    ("celpy", "program"),
-])
-def test_missing_demo_code_or_extra_exits_2_saying_how_to_get_it(missing, node):
-    done = _demo_without(missing, node)
-    assert done.returncode == 2, done.stderr
+@pytest.mark.parametrize("args", [["demo"], ["demo", "--node", "migrate"]])
+def test_the_installed_cli_has_no_demo_command(args, tmp_path) -> None:
+    # Run away from the checkout: an install's view, without compat_tests/ on the path.
+    done = subprocess.run([*_installed_cli(), *args], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 2 and done.stdout == ""
     (line,) = done.stderr.splitlines()
-    assert line.startswith("accelerator-device-plugin: error: the demo is not part of this")
-    assert f"'{missing.split('.')[0]}'" in line
-    assert "make demo" in line and "pip install '.[demo]'" in line
-    assert done.stdout == ""
+    assert "invalid choice: 'demo'" in line, line
+    assert all(f"'{command}'" in line for command in VALID), line
 
 
-def test_a_missing_runtime_module_is_not_mistaken_for_a_missing_demo():
-    done = _demo_without("plugin.process.daemon", "intel")
-    assert done.returncode == 1
-    assert "Traceback" in done.stderr and "plugin.process.daemon" in done.stderr
-    assert "not part of this install" not in done.stderr
+def test_the_installed_packages_import_nothing_from_compat_tests() -> None:
+    found = []
+    for package in ("plugin", "api_versions"):
+        for path in sorted((REPO / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                         else [node.module or ""] if isinstance(node, ast.ImportFrom)
+                         and node.level == 0 else [])
+                found += [f"{path.relative_to(REPO)}:{node.lineno} imports {name}"
+                          for name in names if name.split(".")[0] == "compat_tests"]
+    assert not found, found
+
+
+def test_the_demo_entry_refuses_an_unknown_node_naming_the_known_ones() -> None:
+    done = subprocess.run([sys.executable, "-m", "compat_tests.demo", "--node", "nope"],
+                          cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2 and done.stdout == ""
+    assert all(f"'{node}'" in done.stderr for node in ("intel", "mixed", "migrate", "program"))
+
+
+def test_make_demo_runs_the_checkout_entry_with_the_node_it_is_given() -> None:
+    dry = subprocess.run(["make", "-n", "demo", "DEMO=migrate", "STAMP=/dev/null"], cwd=REPO,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert dry.returncode == 0, dry.stderr
+    assert "-m compat_tests.demo --node migrate" in dry.stdout

@@ -88,7 +88,7 @@ def test_bad_input_exits_2_with_one_line(args, env, words) -> None:
 
 @pytest.mark.parametrize(
     ("command", "variable"),
-    [(["discover"], "ACCELERATOR_DP_LOG_LEVEL"), (["demo"], "ACCELERATOR_DP_LOG_FORMAT"),
+    [(["discover"], "ACCELERATOR_DP_LOG_LEVEL"), (["loader"], "ACCELERATOR_DP_LOG_FORMAT"),
      (["healthcheck", "--heartbeat-file", "/x"], "ACCELERATOR_DP_HEARTBEAT_MAX_AGE")],
 )
 def test_an_environment_error_names_the_subcommand_that_runs(command, variable) -> None:

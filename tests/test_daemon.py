@@ -29,7 +29,7 @@ from plugin.cli.config import Settings
 from plugin.discovery.backends import make_backend
 from plugin.model.resources import afu_resource_name
 from plugin.process.daemon import Daemon, heartbeat_fresh
-from plugin.serving.deviceplugin.server import Timing
+from plugin.serving.deviceplugin.timing import Timing
 
 FAST_TIMING = Timing(round_backoff_initial=0.1, round_backoff_max=0.5)
 
@@ -142,8 +142,8 @@ def test_healthcheck_command_reports_fresh_stale_and_missing(root: Path) -> None
 @pytest.mark.parametrize("kind", ["intel", "mixed"])
 def test_demo_runs_the_whole_story(kind: str) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "plugin", "demo", "--node", kind], capture_output=True,
-        text=True, timeout=120,
+        [sys.executable, "-m", "compat_tests.demo", "--node", kind], capture_output=True,
+        text=True, timeout=120, cwd=Path(__file__).resolve().parent.parent,
     )
     assert result.returncode == 0, result.stderr
     out = result.stdout
@@ -159,8 +159,8 @@ def test_demo_runs_the_whole_story(kind: str) -> None:
 
 def test_programming_demo_loads_the_function_a_pod_asks_for() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "plugin", "demo", "--node", "program"], capture_output=True,
-        text=True, timeout=120,
+        [sys.executable, "-m", "compat_tests.demo", "--node", "program"], capture_output=True,
+        text=True, timeout=120, cwd=Path(__file__).resolve().parent.parent,
     )
     assert result.returncode == 0, result.stderr
     out = result.stdout
@@ -184,8 +184,8 @@ def test_programming_demo_loads_the_function_a_pod_asks_for() -> None:
 
 def test_migration_demo_moves_one_node_to_dra_and_back() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "plugin", "demo", "--node", "migrate"], capture_output=True,
-        text=True, timeout=120,
+        [sys.executable, "-m", "compat_tests.demo", "--node", "migrate"], capture_output=True,
+        text=True, timeout=120, cwd=Path(__file__).resolve().parent.parent,
     )
     assert result.returncode == 0, result.stderr
     out = result.stdout

@@ -10,6 +10,7 @@ import os
 import pytest
 
 from plugin.serving.dra import checkpoint as checkpoint_module
+from plugin.serving.dra import checkpoint_format
 from plugin.serving.dra.checkpoint import CheckpointError, CheckpointUnavailable, ClaimCheckpoint
 from plugin.serving.dra.prepared import PreparedClaim
 from plugin.version import VERSION
@@ -56,8 +57,8 @@ async def test_the_file_is_versioned_and_leaves_no_temporary_file_behind(path):
     record = ClaimCheckpoint(path)
     await record.commit(put=[claim("u1")])
     header, first = lines(path)
-    assert header == {"kind": checkpoint_module.KIND, "version": checkpoint_module.FORMAT_VERSION,
-                      "minor": checkpoint_module.FORMAT_MINOR, "writtenBy": VERSION}
+    assert header == {"kind": checkpoint_format.KIND, "version": checkpoint_format.FORMAT_VERSION,
+                      "minor": checkpoint_format.FORMAT_MINOR, "writtenBy": VERSION}
     assert first["checksum"].startswith("sha256:")
     assert first["record"]["put"]["u1"]["devices"][0]["pool"] == "node-1"
     assert sorted(p.name for p in path.parent.iterdir()) == ["checkpoint.json"]
@@ -275,7 +276,7 @@ async def test_a_format_no_release_wrote_is_damage_set_aside(path, caplog, versi
     damage (set aside, empty record), not a newer release's record to keep."""
     await ClaimCheckpoint(path).commit(put=[claim("u1")])
     header, rest = path.read_text().split("\n", 1)
-    path.write_text(header.replace(f'"version":{checkpoint_module.FORMAT_VERSION}',
+    path.write_text(header.replace(f'"version":{checkpoint_format.FORMAT_VERSION}',
                                    f'"version":{json.dumps(version)}') + "\n" + rest)
     with caplog.at_level(logging.ERROR):
         assert len(ClaimCheckpoint(path)) == 0
@@ -288,12 +289,12 @@ def record_line(seq, put, remove=(), inside=None, **extra):
     """A change line as some release writes it: ``inside`` the record and ``extra`` beside it
     fields this one does not know."""
     record = {"put": put, "remove": list(remove), "seq": seq, **(inside or {})}
-    digest = checkpoint_module._checksum(checkpoint_module._canonical(record))
+    digest = checkpoint_format.checksum(checkpoint_format.canonical(record))
     return json.dumps({"checksum": digest, "record": record, **extra}) + "\n"
 
 
 def header_line(**fields):
-    return json.dumps({"kind": checkpoint_module.KIND, **fields}) + "\n"
+    return json.dumps({"kind": checkpoint_format.KIND, **fields}) + "\n"
 
 
 def next_release_claim(name):
@@ -312,7 +313,7 @@ async def test_the_next_releases_fields_are_verified_and_ignored_at_every_level(
     the record as written, unknown fields included)."""
     path.parent.mkdir(parents=True)
     path.write_text(
-        header_line(version=checkpoint_module.FORMAT_VERSION, minor=7, writtenBy="9.9.9",
+        header_line(version=checkpoint_format.FORMAT_VERSION, minor=7, writtenBy="9.9.9",
                     compaction={"policy": "later"})
         + record_line(1, {"u1": next_release_claim("c1"), "u2": next_release_claim("c2")},
                       origin="prepare")
@@ -346,7 +347,7 @@ async def newer_major(path):
     """A record of claim u1 as a release with the next major format might leave it."""
     await ClaimCheckpoint(path).commit(put=[claim("u1")])
     rest = path.read_text().split("\n", 1)[1]
-    newer = checkpoint_module.FORMAT_VERSION + 1
+    newer = checkpoint_format.FORMAT_VERSION + 1
     path.write_text(header_line(version=newer, minor=0, writtenBy="0.3.0") + rest)
     return newer
 
@@ -367,7 +368,7 @@ async def test_a_newer_major_format_is_refused_loudly_and_left_untouched(path, c
             await record.commit(remove=["u1"])
     assert reason == (f"format version {newer}, written by release 0.3.0; this driver "
                       f"(release {VERSION}) reads format version "
-                      f"{checkpoint_module.FORMAT_VERSION}")
+                      f"{checkpoint_format.FORMAT_VERSION}")
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and reason in errors[0], errors
     assert record.held() is None, "no count while it cannot be read"
@@ -376,7 +377,7 @@ async def test_a_newer_major_format_is_refused_loudly_and_left_untouched(path, c
 
     # the release that reads it is back (here: the header of this one): read at the next call
     rest = path.read_text().split("\n", 1)[1]
-    path.write_text(checkpoint_module._header() + rest)
+    path.write_text(checkpoint_format.header_line() + rest)
     with caplog.at_level(logging.WARNING, logger="plugin.serving.dra.checkpoint"):
         assert record.unavailable() is None
     assert "can be read again" in caplog.text
@@ -388,9 +389,9 @@ async def test_a_newer_major_format_is_refused_loudly_and_left_untouched(path, c
 async def test_an_entry_of_the_wrong_shape_is_refused(path, caplog):
     record = {"put": {"u1": {"namespace": "ns", "name": "c", "devices": [{"pool": 3}]}},
               "remove": [], "seq": 1}
-    digest = checkpoint_module._checksum(checkpoint_module._canonical(record))
+    digest = checkpoint_format.checksum(checkpoint_format.canonical(record))
     path.parent.mkdir(parents=True)
-    path.write_text(checkpoint_module._header()
+    path.write_text(checkpoint_format.header_line()
                     + json.dumps({"checksum": digest, "record": record}) + "\n")
     with caplog.at_level(logging.ERROR):
         assert len(ClaimCheckpoint(path)) == 0

@@ -270,14 +270,14 @@ async def test_while_the_checkpoint_is_a_newer_format_no_claim_is_answered_from_
     an unprepare answered as done would let the kubelet forget a claim whose spec stays, and a
     prepare would write over the newer release's record. Both are refused, claim by claim,
     until the file reads again; then the claim recorded before is unprepared as usual."""
-    from plugin.serving.dra import checkpoint as checkpoint_module
+    from plugin.serving.dra import checkpoint_format
 
     specs = ClaimSpecs(tmp_path / "cdi", DRIVER, lambda ids: {"ACCELERATOR_UNITS": ",".join(ids)})
     api.add(allocation("u1", "fpga-0"), allocation("u2", "fpga-1"))
     assert (await make(claim_specs=specs).prepare([ref("u1")]))["u1"].ok
     [spec] = (tmp_path / "cdi").iterdir()
     header, rest = checkpoint_path.read_text().split("\n", 1)
-    newer = header.replace(f'"version":{checkpoint_module.FORMAT_VERSION}', '"version":3')
+    newer = header.replace(f'"version":{checkpoint_format.FORMAT_VERSION}', '"version":3')
     checkpoint_path.write_text(newer + "\n" + rest)
     before = checkpoint_path.read_bytes()
 

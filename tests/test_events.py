@@ -318,7 +318,7 @@ def test_events_on_needs_a_node_name(capsys, monkeypatch):
 
 
 def test_events_default_to_where_the_process_has_api_access():
-    from plugin.cli.config import Settings, events_enabled
+    from plugin.cli.settings import Settings, events_enabled
 
     assert not events_enabled(Settings())
     assert events_enabled(Settings(api="dra", node_name="n"))

@@ -24,14 +24,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
 }
 """Package -> the top-level packages above it, which none of its modules may import."""
 
-KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("plugin/cli/main.py", "compat_tests.demo_migrate"):
-        "the CLI's demo command; being removed from the installed CLI on another branch",
-    ("plugin/cli/main.py", "compat_tests.demo_program"):
-        "the CLI's demo command; being removed from the installed CLI on another branch",
-    ("plugin/cli/main.py", "compat_tests.demo"):
-        "the CLI's demo command; being removed from the installed CLI on another branch",
-}
+KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {}
 """(file, imported module) pairs still pointing upward, each with the reason it is tolerated."""
 
 

@@ -161,26 +161,6 @@ def _installed_by(wheel: Path, *extras: str) -> set[str]:
     return wanted
 
 
-def _enclosing_function(tree: ast.AST, target: ast.AST) -> str | None:
-    for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef) and any(n is target for n in ast.walk(node)):
-            return node.name
-    return None
-
-
-def test_runtime_code_imports_the_source_tree_only_code_in_one_guarded_place() -> None:
-    # `demo` imports it inside `_demo_story`, whose caller says how to get it when it is absent.
-    places = set()
-    for package in sorted(SHIPPED):
-        for path in sorted((REPO / package).rglob("*.py")):
-            tree = ast.parse(path.read_text())
-            for node, imported in _imported_names(tree):
-                if imported.split(".")[0] == SOURCE_TREE_ONLY:
-                    where = _enclosing_function(tree, node)
-                    places.add((path.relative_to(REPO).as_posix(), where))
-    assert places == {("plugin/cli/main.py", "_demo_story")}
-
-
 @pytest.mark.parametrize(("entry", "follow", "extras"), [
     ("plugin.cli.main", SHIPPED, ()),
     ("compat_tests.demo", SHIPPED | {SOURCE_TREE_ONLY}, ("demo",)),

@@ -19,7 +19,8 @@ from plugin.model.feed import DeviceFeed
 from plugin.process.dirwatch import Change, DirEvent
 from plugin.serving import socket_claim as socket_module
 from plugin.serving.deviceplugin import kubelet_socket as negotiation_module
-from plugin.serving.deviceplugin.server import ResourceServer, Timing
+from plugin.serving.deviceplugin.server import ResourceServer
+from plugin.serving.deviceplugin.timing import Timing
 from value_types.devices import DeviceSet
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 from api_versions.negotiate import adapters
 from api_versions.retry import RetryPolicy
 from plugin.model.feed import DeviceFeed
-from plugin.serving.deviceplugin.server import ResourceServer, Timing
+from plugin.serving.deviceplugin.server import ResourceServer
+from plugin.serving.deviceplugin.timing import Timing
 from plugin.serving.socket_claim import PathState, probe
 
 

@@ -1,6 +1,6 @@
 """A kubelet's device-plugin manager (and DRA manager), emulated for one version at a time.
 
-Tests and the ``demo`` command run the real plugin against this instead of a real kubelet.
+Tests and the demo run the real plugin against this instead of a real kubelet.
 It does what a kubelet does to a plugin, in the order a kubelet does it: wipe the
 directory at start, serve ``kubelet.sock`` with its own generation only, check Register,
 dial back (synchronously for 1.26+), keep one ListAndWatch stream per resource, and call
@@ -25,23 +25,19 @@ import grpc
 
 from api_versions.wire import WireApi
 from compat_tests.kubelet import translate
+from compat_tests.kubelet.admission import PodAdmission
 from compat_tests.kubelet.clients import Clients, rules_for, without_devices
+from compat_tests.kubelet.directory import SHARED_DIRECTORIES, clean_directory, endpoint_path
 from compat_tests.kubelet.dra import DRA_PLUGIN_TYPE, DraConfig, DraManager, dra_gate
 from compat_tests.kubelet.endpoint import PluginEndpoint, go_status
 from compat_tests.kubelet.models import DEFAULT_MODEL, OptionsSource, load_model
 from compat_tests.kubelet.podresources import (
     NodePods,
-    PodClaimDevice,
-    PodContainer,
     PodResourcesServer,
 )
 from compat_tests.kubelet.registration import RegistrationRefused, RegistrationService
 from compat_tests.kubelet.results import (
-    ContainerAllocation,
     EmulatedDevice,
-    FeatureUnavailable,
-    KubeletError,
-    NotRegistered,
     PluginCallError,
     RegistrationRecord,
 )
@@ -55,13 +51,9 @@ from compat_tests.kubelet.watcher import (
 log = logging.getLogger(__name__)
 
 KUBELET_SOCKET = "kubelet.sock"
-CHECKPOINT = "kubelet_internal_checkpoint"
 DIAL_TIMEOUT = 10.0
 MAX_UNIX_PATH = 107
 POLL_INTERVAL = 0.1
-# Starting wipes the directory; a typo must not empty one of these.
-_SHARED_DIRECTORIES = frozenset({"/", "/tmp", "/var/tmp", "/dev/shm", "/var", "/var/lib", "/root",
-                                 "/home", str(Path.home())})
 
 DevicePredicate = Callable[[dict[str, EmulatedDevice]], bool]
 
@@ -71,23 +63,7 @@ def all_healthy(devices: dict[str, EmulatedDevice]) -> bool:
     return bool(devices) and all(d.healthy for d in devices.values())
 
 
-def clean_directory(directory: Path) -> list[str]:
-    """Delete every file but the checkpoint, as a starting kubelet does; return the names."""
-    removed = []
-    for entry in sorted(directory.iterdir()):
-        if entry.name == CHECKPOINT or entry.is_dir():
-            continue
-        entry.unlink(missing_ok=True)
-        removed.append(entry.name)
-    return removed
-
-
-def endpoint_path(directory: Path, endpoint: str) -> Path:
-    """Go's filepath.Join(dir, endpoint): an absolute endpoint is still under ``dir``."""
-    return Path(os.path.normpath(os.path.join(directory, endpoint.lstrip("/"))))
-
-
-class KubeletEmulator:
+class KubeletEmulator(PodAdmission):
     """One kubelet of version ``model`` watching ``directory`` for device plugins."""
 
     def __init__(
@@ -143,7 +119,7 @@ class KubeletEmulator:
         self._tasks: set[asyncio.Task[None]] = set()
         self._changed = asyncio.Event()
         self._server: grpc.aio.Server | None = None
-        if os.path.realpath(self.directory) in _SHARED_DIRECTORIES:
+        if os.path.realpath(self.directory) in SHARED_DIRECTORIES:
             raise ValueError(f"{self.directory} is a shared directory; a kubelet would wipe it")
         if len(str(self.socket_path)) > MAX_UNIX_PATH:
             raise ValueError(f"{self.socket_path} is longer than a unix socket path may be")
@@ -465,55 +441,3 @@ class KubeletEmulator:
         except TimeoutError as exc:
             raise TimeoutError(f"{exc}; holding {self.devices(resource_name)}") from None
         return self.devices(resource_name)
-
-    def _endpoint(self, resource_name: str) -> PluginEndpoint:
-        endpoint = self._endpoints.get(resource_name)
-        if endpoint is None:
-            raise NotRegistered(f"Unknown Device Plugin {resource_name}")
-        return endpoint
-
-    async def allocate(self, resource_name: str, device_ids: list[str]) -> ContainerAllocation:
-        """Allocate ``device_ids`` for one container, as the kubelet does at pod admission.
-
-        The IDs go to the plugin unchecked, so tests can see how the plugin refuses IDs it
-        does not own. Raises PluginCallError (gRPC code and message) if the plugin refuses.
-        """
-        return await self._endpoint(resource_name).allocate(list(device_ids))
-
-    async def run_pod(self, namespace: str, pod: str, container: str, resource_name: str,
-                      device_ids: list[str]) -> ContainerAllocation:
-        """Admit a pod whose container gets ``device_ids`` through the device plugin: refused
-        (KubeletError) for a device another running container holds, as the device manager
-        never hands one out twice; Allocate; then the container runs until :meth:`end_pod`,
-        reported by PodResources, across kubelet restarts."""
-        taken = self.pods.devices_in_use(resource_name) & set(device_ids)
-        if taken:
-            raise KubeletError(f"devices {sorted(taken)} of {resource_name} are in use")
-        allocation = await self.allocate(resource_name, device_ids)
-        self.pods.add(PodContainer(namespace, pod, container, {resource_name: list(device_ids)}))
-        self._notify()
-        return allocation
-
-    def run_pod_with_claims(self, namespace: str, pod: str, container: str,
-                            claims: list[PodClaimDevice]) -> None:
-        """A container using prepared DRA claims (prepare them through ``dra`` first)."""
-        self.pods.add(PodContainer(namespace, pod, container, claims=list(claims)))
-        self._notify()
-
-    def end_pod(self, namespace: str, pod: str) -> None:
-        """The pod's containers ended: its devices are free again."""
-        self.pods.end(namespace, pod)
-        self._notify()
-
-    async def preferred_allocation(
-        self, resource_name: str, available: list[str], must_include: list[str], size: int
-    ) -> list[str]:
-        """GetPreferredAllocation for one container (1.19+, if the plugin advertises it)."""
-        endpoint = self._endpoint(resource_name)
-        if not self.model.calls_preferred_allocation:
-            raise FeatureUnavailable(f"kubelet {self.model.name} has no GetPreferredAllocation")
-        if not endpoint.options.preferred_allocation_available:
-            raise FeatureUnavailable(
-                f"{resource_name}: the plugin does not advertise get_preferred_allocation_available"
-            )
-        return await endpoint.preferred_allocation(list(available), list(must_include), size)

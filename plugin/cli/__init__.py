@@ -1,8 +1,10 @@
-"""The command line: ``serve``, ``discover``, ``demo``, ``healthcheck``, and their settings.
+"""The command line: ``serve``, ``discover``, ``healthcheck``, ``loader``, and their settings.
 
-``main`` dispatches subcommands; ``config`` turns flags and ``ACCELERATOR_DP_*`` variables into
-validated settings, ``sources`` decides which of flag, variable, ``--config`` file
+``main`` dispatches subcommands; ``config`` builds each subcommand's flags and
+``ACCELERATOR_DP_*`` variables and parses them into ``settings`` (the frozen value the daemon
+reads), each value checked by ``converters`` and their combination by ``validation``;
+``sources`` decides which of flag, variable, ``--config`` file
 (``config_file``) and default each comes from; ``discover`` shows what a node would get.
-``demo`` runs a simulated node from the source tree's ``compat_tests/`` (its code is in no
-wheel: a node install says how to get it).
+The demo is no command of an install: it runs from the source tree (``make demo``, that is
+``python -m compat_tests.demo``), where its code lives.
 """

@@ -1,4 +1,4 @@
-"""``accelerator-device-plugin serve|discover|demo|healthcheck|loader``."""
+"""``accelerator-device-plugin serve|discover|healthcheck|loader``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 import logging
 import os
 import sys
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from plugin.cli.config import Settings, parse
@@ -118,47 +118,6 @@ def discover(settings: Settings) -> int:
     return 0
 
 
-# What the demo needs beyond a node install: its own code, which lives in the source tree's
-# compat_tests/ and is in no wheel, and the third-party packages of the `demo` extra.
-DEMO_ONLY_MODULES = frozenset({"compat_tests", "aiohttp", "cryptography", "multidict",
-                               "kubernetes_validate", "jsonschema", "referencing", "celpy"})
-DEMO_MISSING = ("accelerator-device-plugin: error: the demo is not part of this install (no "
-                "module {module!r}): in a source checkout run `make demo`, or `pip install "
-                "'.[demo]'` and then `python -m plugin demo` from the checkout's root")
-
-
-def demo(settings: Settings) -> int:
-    """Run the simulated node, when the source tree's demo code can be imported.
-
-    A node install (the wheel, the image) ships only ``plugin`` and ``api_versions``: the
-    demo, its emulators and fake sysfs trees stay in the source tree, so there the command
-    says in one line how to get them and exits 2, like any other usage error.
-    """
-    try:
-        story = _demo_story(settings.demo_node)
-    except ModuleNotFoundError as exc:
-        module = (exc.name or "").partition(".")[0]
-        if module not in DEMO_ONLY_MODULES:
-            raise
-        print(DEMO_MISSING.format(module=module), file=sys.stderr)
-        return 2
-    return asyncio.run(story)
-
-
-def _demo_story(node: str) -> Coroutine[object, object, int]:
-    if node == "migrate":
-        from compat_tests.demo_migrate import run_migration_demo
-
-        return run_migration_demo()
-    if node == "program":
-        from compat_tests.demo_program import run_programming_demo
-
-        return run_programming_demo()
-    from compat_tests.demo import run_demo
-
-    return run_demo(node)
-
-
 def loader(settings: Settings) -> int:
     from plugin.cli.loader import run_loader
 
@@ -174,5 +133,4 @@ def healthcheck(settings: Settings) -> int:
     return 0 if ok else 1
 
 
-_COMMANDS = {"serve": serve, "discover": discover, "demo": demo, "healthcheck": healthcheck,
-             "loader": loader}
+_COMMANDS = {"serve": serve, "discover": discover, "healthcheck": healthcheck, "loader": loader}

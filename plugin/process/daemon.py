@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from api_versions.negotiate import KUBELET_SOCKET, adapters
-from plugin.cli.config import Settings, dra_state_dir, events_enabled
+from plugin.cli.config import Settings
+from plugin.cli.settings import dra_state_dir, events_enabled
 from plugin.cli.sources import describe
 from plugin.discovery.backends.base import Backend
 from plugin.discovery.monitor import DeviceMonitor, TriggerSource
@@ -36,7 +37,8 @@ from plugin.process.signals import Meaning, SignalRouter, name_of
 from plugin.process.supervise import MAX_DELAY, supervise
 from plugin.process.ticks import sleep_to_tick
 from plugin.serving.cdi import CdiPolicy, SpecWriter
-from plugin.serving.deviceplugin.server import ResourceServer, Timing
+from plugin.serving.deviceplugin.server import ResourceServer
+from plugin.serving.deviceplugin.timing import Timing
 from plugin.version import VERSION
 from value_types.devices import DeviceSet
 

@@ -42,7 +42,8 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from api_versions.negotiate import KUBELET_SOCKET
-from plugin.cli.config import Settings, dra_state_dir
+from plugin.cli.config import Settings
+from plugin.cli.settings import dra_state_dir
 from plugin.model.feed import DeviceFeed
 from plugin.model.held import DRA, Held, nothing
 from plugin.process.api_label import NO_LABEL, LabelReader, Override, Pin

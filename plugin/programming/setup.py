@@ -89,7 +89,7 @@ def loaded_from(settings: Settings, devices: Iterable[Device],
                 told: Mapping[str, str]) -> dict[str, LoadRecord]:
     """Device ID -> the driver's record of its last load, for ``discover``: only where the
     device still holds the recorded function (``told``: what only a tool can tell)."""
-    from plugin.cli.config import dra_state_dir
+    from plugin.cli.settings import dra_state_dir
 
     records = read_records(dra_state_dir(settings))
     shown = {}

@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings
 
 from compat_tests import fake_alveo
 from compat_tests.fake_alveo import ALVEO_CARDS, add_alveo_card, build_alveo_node
-from compat_tests.fake_sysfs import FakeNode, _link, _write
+from compat_tests.fake_sysfs import FakeNode
+from compat_tests.fake_tree import relative_link, write_file
 from plugin.discovery.backends import make_backend
 from plugin.discovery.backends.alveo import AlveoBackend
 from plugin.model.resource_names import resource_name_problem
@@ -58,7 +59,7 @@ def test_other_vendors_and_amazon_slots_are_not_alveo_cards(tmp_path: Path) -> N
     node = FakeNode(tmp_path)
     add_alveo_card(node, "0000:17:00.1", vendor="0x8086")
     node.add_slot("0000:00:0f.0")  # xocl may drive it, but it is the aws backend's slot
-    _write(node.function_path("0000:00:0f.0") / "user_pf", "")
+    write_file(node.function_path("0000:00:0f.0") / "user_pf", "")
     assert scan(node) == {}
 
 
@@ -67,11 +68,11 @@ def test_markers_decide_not_function_numbers(tmp_path: Path) -> None:
     node = FakeNode(tmp_path)
     user = node.add_function("0000:65:00.0", "0x10ee", "0x5001", 0)
     management = node.add_function("0000:65:00.1", "0x10ee", "0x5000", 0)
-    _write(user / "user_pf", "")
-    _write(management / "mgmt_pf", "")
-    _write(user / "drm" / "renderD128" / "dev", "226:128")
-    _write(node.dev_root / "dri" / "renderD128", "")
-    _link(node.dev_root / "char" / "226:128", node.dev_root / "dri" / "renderD128")
+    write_file(user / "user_pf", "")
+    write_file(management / "mgmt_pf", "")
+    write_file(user / "drm" / "renderD128" / "dev", "226:128")
+    write_file(node.dev_root / "dri" / "renderD128", "")
+    relative_link(node.dev_root / "char" / "226:128", node.dev_root / "dri" / "renderD128")
     devices = scan(node)
     assert list(devices) == ["0000:65:00.0"] and devices["0000:65:00.0"].healthy
     assert devices["0000:65:00.0"].attrs["management_address"] == "0000:65:00.1"

@@ -11,7 +11,8 @@ import pytest
 
 from compat_tests import fake_alveo
 from compat_tests.fake_alveo import add_alveo_card, load_xclbin
-from compat_tests.fake_sysfs import FakeNode, _write, build_intel_node
+from compat_tests.fake_sysfs import FakeNode, build_intel_node
+from compat_tests.fake_tree import write_file
 from plugin.discovery.backends.alveo import AlveoBackend
 from plugin.discovery.backends.intel import IntelBackend
 from value_types.devices import Device
@@ -67,7 +68,7 @@ def test_a_malformed_fme_dev_is_reported_and_the_node_found_by_name(
     node = build_intel_node(tmp_path)
     fme = node.cards["0000:d8:00.0"].fme
     assert fme is not None
-    _write(fme / "dev", "not-a-number")
+    write_file(fme / "dev", "not-a-number")
     with caplog.at_level(logging.WARNING):
         port = intel(node)["0000:d8:00.0"]
     assert port.attribute("fme_node") == "/dev/dfl-fme.1" and port.healthy
@@ -80,7 +81,7 @@ def test_a_malformed_fme_dev_without_a_node_leaves_the_fact_out(
     node.delete_fme_node("0000:d8:00.0")
     fme = node.cards["0000:d8:00.0"].fme
     assert fme is not None
-    _write(fme / "dev", "\x01\x02")
+    write_file(fme / "dev", "\x01\x02")
     with caplog.at_level(logging.WARNING):
         port = intel(node)["0000:d8:00.0"]
     assert port.attribute("fme_node") == "" and port.healthy
@@ -103,7 +104,7 @@ def test_the_loaded_xclbins_uuid_is_recorded(card: FakeNode) -> None:
 
 def test_a_dashed_logic_uuid_is_spelt_as_32_hex_digits(card: FakeNode) -> None:
     path = card.function_path(ALVEO)
-    _write(path / "logic_uuids", XCLBIN.upper())
+    write_file(path / "logic_uuids", XCLBIN.upper())
     assert alveo(card).attribute("logic_uuid") == XCLBIN.replace("-", "")
 
 
@@ -116,7 +117,7 @@ def test_absent_or_empty_files_say_nothing(card: FakeNode, name: str, state: str
     if state == "missing":
         path.unlink()
     else:
-        _write(path, "")
+        write_file(path, "")
     with caplog.at_level(logging.WARNING):
         device = alveo(card)
     fact = {"logic_uuids": "logic_uuid", "interface_uuids": "interface_uuid",
@@ -137,7 +138,7 @@ def test_a_malformed_value_is_logged_and_left_out(card: FakeNode, name: str, tex
                                                    caplog: pytest.LogCaptureFixture) -> None:
     load_xclbin(card, ALVEO, XCLBIN)
     path = card.function_path(ALVEO) / name
-    _write(path, text)
+    write_file(path, text)
     with caplog.at_level(logging.WARNING):
         device = alveo(card)
     assert device.attribute(fact) == "" and device.healthy
@@ -159,7 +160,7 @@ def test_an_unreadable_file_is_logged_and_left_out(card: FakeNode,
 def test_several_interface_uuids_record_none(card: FakeNode,
                                              caplog: pytest.LogCaptureFixture) -> None:
     """A list cut to its first entry would let a selector match half of what the shell is."""
-    _write(card.function_path(ALVEO) / "interface_uuids",
+    write_file(card.function_path(ALVEO) / "interface_uuids",
            f"{fake_alveo.DEFAULT_INTERFACE_UUID}\n{fake_alveo.DEFAULT_LOGIC_UUID}")
     with caplog.at_level(logging.WARNING):
         device = alveo(card)

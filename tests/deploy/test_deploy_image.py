@@ -274,13 +274,13 @@ def test_runtime_help_and_discover(image):
     assert all("Healthy" in r for r in rows)
 
 
-def test_runtime_demo_says_in_one_line_how_to_get_it(image):
-    for node in ("intel", "migrate"):
-        done = run_in_image(image, "accelerator-device-plugin", "demo", "--node", node)
-        assert done.returncode == 2 and done.stdout == ""
-        (line,) = done.stderr.splitlines()
-        assert "the demo is not part of this install" in line
-        assert "make demo" in line and "pip install '.[demo]'" in line
+def test_runtime_cli_has_no_demo_command(image):
+    # The demo runs from a source checkout (`make demo`); the image's CLI names what it has.
+    done = run_in_image(image, "accelerator-device-plugin", "demo", "--node", "intel")
+    assert done.returncode == 2 and done.stdout == ""
+    (line,) = done.stderr.splitlines()
+    assert "invalid choice: 'demo'" in line
+    assert all(f"'{c}'" in line for c in ("serve", "discover", "loader", "healthcheck"))
 
 
 def test_runtime_healthcheck_answers_without_a_heartbeat(image, tmp_path):

@@ -31,7 +31,7 @@ from deploy_support import (
 )
 from k8s_schemas import SchemaSet, validate, validate_or_fall_back
 
-from plugin.cli import config
+from plugin.cli import config, validation
 
 FPGA_LABEL = "accelerators.b-com.com/fpga"
 PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
@@ -327,7 +327,7 @@ def test_environment_is_understood_by_serve_and_healthcheck(rendered, name, monk
     assert settings.api == values.get("ACCELERATOR_DP_API", "device-plugin")
     if settings.api != "device-plugin":
         assert settings.node_name == SAMPLE_NODE
-        assert config.socket_path_problem(settings) is None
+        assert validation.socket_path_problem(settings) is None
     assert settings.backend == values["ACCELERATOR_DP_BACKEND"]
     assert settings.device_plugin_dir == Path(PLUGIN_DIR)
     assert settings.heartbeat_file == Path(values["ACCELERATOR_DP_HEARTBEAT_FILE"])

@@ -31,7 +31,7 @@ from helm_render import (
     validate_monitoring,
 )
 
-from plugin.cli import config
+from plugin.cli import config, validation
 
 FILE_VARIABLE = config._env("--config")
 """Where the chart points serve at its config.yaml; the tests fold the file's keys into
@@ -146,7 +146,7 @@ def test_every_pool_is_understood_by_serve(name, monkeypatch):
         assert settings.resource_name == file["resource-name"]
         if settings.api != "device-plugin":
             assert settings.node_name == SAMPLE_NODE
-            assert config.socket_path_problem(settings) is None
+            assert validation.socket_path_problem(settings) is None
         # Where the file points serve at directories, the pod mounts them.
         mounts = {m["mountPath"] for m in c["volumeMounts"]}
         assert str(settings.device_plugin_dir) in mounts

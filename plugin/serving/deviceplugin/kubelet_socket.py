@@ -32,7 +32,7 @@ from plugin.serving.routing import FileIdentity, GenerationRouter, identity
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from plugin.serving.deviceplugin.server import Timing
+    from plugin.serving.deviceplugin.timing import Timing
 
 log = logging.getLogger(__name__)
 

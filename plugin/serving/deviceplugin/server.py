@@ -25,7 +25,6 @@ import asyncio
 import logging
 import random
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -46,6 +45,7 @@ from plugin.serving.deviceplugin.channels import (
 )
 from plugin.serving.deviceplugin.kubelet_socket import KubeletSocketChannel
 from plugin.serving.deviceplugin.socket import SocketLifecycle
+from plugin.serving.deviceplugin.timing import Timing
 from plugin.serving.deviceplugin.watcher_hold import WatcherChannel
 from plugin.serving.routing import FileIdentity, GenerationRouter, identity
 from plugin.serving.socket_claim import SocketHeld
@@ -56,31 +56,8 @@ Gate = Callable[[], Awaitable[bool]]
 """Asked before each round: may the device plugin serve the kubelet now there (``--api
 auto``: not before the node's API is decided for that kubelet, and not if it is DRA)."""
 
-
-@dataclass(frozen=True)
-class Timing:
-    """How patient the server is; defaults suit a real node, tests shorten them."""
-
-    round_backoff_initial: float = 0.5
-    round_backoff_max: float = 30.0
-    confirm_timeout: float = 2.0
-    stop_grace: float = 0.05
-    holder_poll: float = 0.25
-    """How often a server waiting for another process's socket checks that it is still live."""
-    holder_reminder: float = 300.0
-    """How often a server still waiting says so again (a plugin left running for hours)."""
-    handover_settle: float = 0.1
-    """Pause between taking over a socket and registering, so the kubelet has processed the
-    previous holder's stream end first (kubelets before kubernetes#135437 drop a newer
-    registration of the same resource when the older stream's end is handled after it).
-    Skipped after a holder that removed its socket only once the kubelet had handled that
-    end (see :mod:`plugin.serving.deviceplugin.handover`)."""
-    release_wait: float = 1.0
-    """How long a stopping instance waits for the kubelet to drop its connections (after
-    its streams ended) before removing its socket anyway."""
-    watcher_wait: float = 5.0
-    """How long ``auto`` waits for a kubelet to register the watcher socket (its plugin
-    manager reconciles every second) before registering through ``kubelet.sock``."""
+_PATIENT = Timing()
+"""A real node's patience (the default; a frozen value, so one instance serves all)."""
 
 
 class ResourceServer(SocketLifecycle, KubeletSocketChannel, WatcherChannel):
@@ -94,7 +71,7 @@ class ResourceServer(SocketLifecycle, KubeletSocketChannel, WatcherChannel):
         feed: DeviceFeed,
         candidates: Sequence[Adapter],
         policy: RetryPolicy,
-        timing: Timing = Timing(),
+        timing: Timing = _PATIENT,
         registration: str = "kubelet-socket",
         registry_dir: Path | None = None,
         gate: Gate | None = None,

@@ -38,7 +38,7 @@ from plugin.serving.socket_claim import (
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from plugin.serving.deviceplugin.server import Timing
+    from plugin.serving.deviceplugin.timing import Timing
 
 log = logging.getLogger(__name__)
 

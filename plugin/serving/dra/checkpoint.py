@@ -25,16 +25,6 @@ a warning, the claims it held are unknown (an unprepare of one is answered as do
 repeated prepare reads the claim again, which is what the kubelet needs), and the next
 change rewrites the file.
 
-What a format version carries (the rule in CHANGELOG.md, "Checkpoint rule"): the header's
-``version`` is the major format, changed only when existing content changes meaning; within
-one, a release only adds optional fields, and every reader ignores the fields it does not
-know, in the header, around a line's record, in the record, in a claim and in a device. The
-header also says ``minor`` (fields added within the major format; 2.0 is 0.1.0's, which
-wrote no ``minor``) and ``writtenBy`` (the release that last wrote the file whole), both only
-for what the logs say. Each line's checksum is of its record re-serialised canonically
-(sorted keys, no spaces, ASCII), so a field a newer release added inside a record is covered
-by the checksum, verified and ignored, never taken for damage.
-
 What is refused, and how:
 
 * a file in a newer major format (a release rolled back across a format change), or one that
@@ -62,34 +52,28 @@ so memory and file never disagree.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import logging
 import os
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
 
+from plugin.serving.dra.checkpoint_format import (
+    FORMAT_MINOR,
+    FORMAT_VERSION,
+    NewerFormat,
+    decode,
+    header_line,
+    record_line,
+    with_changes,
+)
 from plugin.serving.dra.prepared import PreparedClaim
 from plugin.serving.files import replace_atomically
 from plugin.version import VERSION
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 2
-"""The major format: bumped only when existing content changes meaning, so that a reader of
-the previous one would misread it (1: one JSON document rewritten whole on every change,
-never released)."""
-FORMAT_MINOR = 3
-"""Optional fields added within the major format (0: 0.1.0's, whose header has no ``minor``;
-1: the header's ``minor`` and ``writtenBy``; 2: a claim's ``functions``, what was done to give
-its devices the functions their requests named; 3: a claim's ``functionDigests``, the digests
-of the bytes loaded and of the pins, kept beside ``functions`` so that a release reading
-those key by key meets none it does not know). Readers never refuse a higher one."""
-KIND = "AcceleratorDraClaimCheckpoint"
 COMPACT_AFTER = 512
 """Journal lines after which the next change rewrites the file (if there are fewer claims)."""
 
@@ -204,7 +188,7 @@ class ClaimCheckpoint:
             if self._appendable(len(put)):
                 self._append(put, remove)
                 return
-            claims = _changed(self._claims, put, remove)
+            claims = with_changes(self._claims, put, remove)
             await self._rewrite(claims)
             self._loaded = claims
             self.writes += 1
@@ -212,7 +196,7 @@ class ClaimCheckpoint:
     def _append(self, put: list[PreparedClaim], remove: list[str]) -> None:
         """The change as one line at the end of the file, then in memory."""
         remove = [uid for uid in remove if uid in self._claims]
-        line = _record_line(self._lines + 1, {c.ref.uid: c for c in put}, remove)
+        line = record_line(self._lines + 1, {c.ref.uid: c for c in put}, remove)
         try:
             _append_line(self.path, line)
         except OSError as exc:
@@ -221,7 +205,7 @@ class ClaimCheckpoint:
             raise CheckpointError(f"cannot write the claim checkpoint {self.path}: "
                                   f"{exc.strerror or exc}") from exc
         self._lines += 1
-        self._loaded = _changed(self._claims, put, remove)
+        self._loaded = with_changes(self._claims, put, remove)
         self.writes += 1
 
     async def _rewrite(self, claims: dict[str, PreparedClaim]) -> None:
@@ -246,7 +230,7 @@ class ClaimCheckpoint:
             # Unreadable is not corrupt: the claims it holds are still held.
             return self._refuse(f"cannot read it: {exc.strerror or exc}")
         try:
-            journal = _decode(raw)
+            journal = decode(raw)
         except NewerFormat as exc:
             return self._refuse(str(exc))
         except ValueError as exc:
@@ -293,139 +277,9 @@ class ClaimCheckpoint:
         return aside
 
 
-class NewerFormat(ValueError):
-    """The file is in a major format newer than this code reads: not damage, a record this
-    release cannot read and must leave alone."""
-
-
-@dataclass(frozen=True)
-class _Journal:
-    """What a checkpoint file held: the claims, its good lines, the damaged ones at its end,
-    and what its header said of its format."""
-
-    claims: dict[str, PreparedClaim]
-    lines: int
-    torn: int
-    minor: int = 0
-    written_by: str = "a release before 0.2.0"
-
-
-def _changed(claims: Mapping[str, PreparedClaim], put: list[PreparedClaim],
-             remove: list[str]) -> dict[str, PreparedClaim]:
-    changed = dict(claims)
-    for uid in remove:
-        changed.pop(uid, None)
-    for claim in put:
-        changed[claim.ref.uid] = claim
-    return changed
-
-
-def _header() -> str:
-    """What 0.1.0 reads too: it checks ``kind`` and ``version`` and ignores the rest."""
-    return (f'{{"kind":{json.dumps(KIND)},"version":{FORMAT_VERSION},'
-            f'"minor":{FORMAT_MINOR},"writtenBy":{json.dumps(VERSION)}}}\n')
-
-
-def _record_line(seq: int, put: Mapping[str, PreparedClaim], remove: list[str]) -> str:
-    """One change as one line: the record serialised once, canonical and compact, so the
-    same text is both what is checksummed and what is written (C encoder)."""
-    record = _canonical({"put": {uid: put[uid].to_json() for uid in put},
-                         "remove": remove, "seq": seq})
-    return f'{{"checksum":{json.dumps(_checksum(record))},"record":{record}}}\n'
-
-
 def _encode_and_write(path: Path, claims: Mapping[str, PreparedClaim]) -> None:
     """On the worker thread: the claims are a snapshot of frozen values."""
-    _write_atomically(path, _header() + _record_line(1, claims, []))
-
-
-def _canonical(body: Mapping[str, Any]) -> str:
-    return json.dumps(body, sort_keys=True, separators=(",", ":"))
-
-
-def _checksum(canonical: str) -> str:
-    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def _decode(raw: bytes) -> _Journal:
-    """The claims of a checkpoint file; ValueError saying what is wrong with it."""
-    header, _, rest = raw.partition(b"\n")
-    try:
-        document = json.loads(header)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"header is not JSON: {exc}") from None
-    if not isinstance(document, dict) or document.get("kind") != KIND:
-        raise ValueError(f"not a {KIND} file")
-    version, minor = _header_fields(document)
-    written_by = document.get("writtenBy")
-    written_by = (f"release {written_by:.40}" if isinstance(written_by, str)
-                  else "a release before 0.2.0")
-    if version > FORMAT_VERSION:
-        raise NewerFormat(f"format version {version}, written by {written_by}; this driver "
-                          f"(release {VERSION}) reads format version {FORMAT_VERSION}")
-    if version < FORMAT_VERSION:
-        raise ValueError(f"format version {version}, older than any release wrote; this "
-                         f"driver reads {FORMAT_VERSION}")
-    pieces = rest.split(b"\n")
-    whole, tail = pieces[:-1], pieces[-1]  # no newline after the tail: a line cut short
-    claims: dict[str, PreparedClaim] = {}
-    damaged: tuple[int, str] | None = None
-    good = 0
-    for number, line in enumerate(whole, start=2):
-        try:
-            record = _record(line)
-        except ValueError as exc:
-            if b"\0" not in line:  # whole, but not as written: not what a power cut leaves
-                raise ValueError(f"line {number}: {exc}") from None
-            damaged = damaged or (number, str(exc))
-            continue
-        if damaged is not None:  # a power cut damages the end, not the middle
-            raise ValueError(f"line {damaged[0]}: {damaged[1]}")
-        good += 1
-        if record["seq"] != good:
-            raise ValueError(f"line {number}: change {record['seq']!r:.20} where change "
-                             f"{good} belongs (a line lost or moved)")
-        _apply(claims, record)
-    return _Journal(claims, good, len(whole) - good + (1 if tail else 0), minor, written_by)
-
-
-def _header_fields(document: dict[str, Any]) -> tuple[int, int]:
-    """(major, minor) of a header; a ``minor`` that is not a count is ignored (it only
-    changes what is logged), a ``version`` that is not one is damage."""
-    version, minor = document.get("version"), document.get("minor", 0)
-    if not isinstance(version, int) or isinstance(version, bool):
-        raise ValueError(f"format version {version!r:.20}, this driver reads {FORMAT_VERSION}")
-    if not isinstance(minor, int) or isinstance(minor, bool) or minor < 0:
-        minor = 0
-    return version, minor
-
-
-def _record(line: bytes) -> dict[str, Any]:
-    """One change line, checked on its own: JSON, its checksum, its shape."""
-    try:
-        entry = json.loads(line)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"not JSON: {exc}") from None
-    record = entry.get("record") if isinstance(entry, dict) else None
-    if not isinstance(record, dict):
-        raise ValueError("no record")
-    if entry.get("checksum") != _checksum(_canonical(record)):
-        raise ValueError("checksum mismatch")
-    put, remove = record.get("put"), record.get("remove")
-    if not isinstance(record.get("seq"), int):
-        raise ValueError("no sequence number")
-    if not isinstance(put, dict) or not all(isinstance(v, dict) for v in put.values()):
-        raise ValueError("'put' is not an object of objects")
-    if not isinstance(remove, list) or not all(isinstance(u, str) for u in remove):
-        raise ValueError("'remove' is not a list of UIDs")
-    return record
-
-
-def _apply(claims: dict[str, PreparedClaim], record: dict[str, Any]) -> None:
-    for uid in record["remove"]:
-        claims.pop(uid, None)
-    for uid, data in record["put"].items():
-        claims[uid] = PreparedClaim.from_json(uid, data)
+    _write_atomically(path, header_line() + record_line(1, claims, []))
 
 
 class _LineNotWritten(OSError):
