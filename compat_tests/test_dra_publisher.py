@@ -252,3 +252,23 @@ async def test_real_devices_publish_as_the_server_validates_them(server, connect
     assert validate(published, "v1") == []
     crashed = [d for d in published["spec"]["devices"] if d.get("taints")]
     assert [d["name"] for d in crashed] == ["pci-0000-5e-00-0"]
+
+
+async def test_a_withdrawal_removes_a_slice_whose_write_was_cut_off(server, connect):
+    """A move off DRA cancels publishing, then withdraws: a create the server stored after
+    the cancellation cut its answer off is the pool's all the same, and must go."""
+    devices = Devices("unit-0")
+    api = connect()
+    async with publishing(api, devices) as publisher:
+        await until(lambda: len(slices(server)) == 1, "published")
+    # The server stored one more slice of the pool whose answer the publisher never read.
+    stray = devices.build("v1", 2, server.get("nodes", NODE)["metadata"]["uid"], True)[0]
+    server.create(stray)
+    assert len(slices(server)) == 2
+    api = connect()
+    publisher._api = api  # the publisher's own client was closed with its task
+    try:
+        await publisher.withdraw()
+    finally:
+        await api.close()
+    assert slices(server) == []

@@ -90,7 +90,9 @@ async def test_a_dra_node_whose_runtime_loses_cdi_moves_back_with_an_event_sayin
             await until(lambda: node.device_plugin_offers() and not node.dra_offers(),
                         "back on the device plugin")
         except AssertionError as exc:
-            raise AssertionError(f"{exc}\nplugin log:\n{plugin.text()[-6000:]}") from None
+            raise AssertionError(f"{exc} (slices left: {node.dra_offers()}, device plugin "
+                                 f"offering: {node.device_plugin_offers()})\nplugin log:\n"
+                                 f"{plugin.text()[-6000:]}") from None
         await until(lambda: api.list("events", "default"), "the move's Event")
     assert [through for through, _ in choices(plugin)] == ["DRA", "the device plugin"]
     (event,) = api.list("events", "default")

@@ -7,22 +7,22 @@ only fail; the command left the CLI and ``make demo`` runs ``python -m compat_te
 from __future__ import annotations
 
 import ast
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.system_tools import needs_tool
+
 REPO = Path(__file__).resolve().parent.parent
 VALID = ("serve", "discover", "loader", "healthcheck")
 
 
 def _installed_cli() -> list[str]:
-    """The console script pip installed next to this interpreter, else ``python -m plugin``."""
-    script = Path(sys.executable).parent / "accelerator-device-plugin"
-    found = script if script.exists() else shutil.which("accelerator-device-plugin")
-    return [str(found)] if found else [sys.executable, "-m", "plugin"]
+    """The console script pip installed next to this interpreter (``make test`` installs it)."""
+    return [needs_tool("accelerator-device-plugin", "pip install -e . (make test does)",
+                       at=Path(sys.executable).parent / "accelerator-device-plugin")]
 
 
 @pytest.mark.parametrize("args", [["demo"], ["demo", "--node", "migrate"]])

@@ -112,8 +112,14 @@ class SlicePublisher:
                 await watcher
 
     async def withdraw(self) -> None:
-        """Delete this pool's slices (the driver is going away for good)."""
-        for name in list(self._written):
+        """Delete this pool's slices (the driver is going away for good): those it wrote and
+        those the server lists for the pool, since a write cut off by the cancellation that
+        precedes a withdrawal may still have been stored without its answer being read."""
+        names = set(self._written)
+        with contextlib.suppress(ApiFailure):
+            existing, _ = await self._api.list_slices(self._selector)
+            names |= {name_of(obj) for obj in existing}
+        for name in sorted(names):
             with contextlib.suppress(ApiFailure):
                 await self._api.delete_slice(name)
         self._written.clear()
