@@ -241,3 +241,27 @@ async def test_a_loader_that_comes_later_makes_the_devices_programmable_without_
             assert result.ok, result.error
         finally:
             loader.stop()
+
+
+async def test_discover_asks_the_loader_process_as_serve_does(
+        tmp_path: Path, sockdir: Path, logdir: Path, loader_socket: Path) -> None:
+    """discover's PROGRAMMABLE is the driver's rule: given the loader's socket, it asks the
+    loader, which alone holds the tools; without it answering, nothing is programmable."""
+    async with world_with(tmp_path, sockdir, logdir, loader_socket, True) as (world, loader):
+        assert loader is not None
+
+        def discovered() -> dict[str, Any]:
+            done = subprocess.run(
+                [sys.executable, "-m", "plugin", "discover", "--json", "--backend", "auto",
+                 "--sysfs-root", str(world.node.sysfs_root), "--dev-root",
+                 str(world.node.dev_root), "--programming", "on", "--intel-loader",
+                 "fpgaconf", "--fpgaconf", str(tmp_path / "no-fpgaconf-here"),
+                 "--loader-socket", str(loader_socket)],
+                capture_output=True, text=True, timeout=60, check=True)
+            return {d["id"]: d for d in json.loads(done.stdout)}
+
+        assert discovered()[DFL_BDF]["programmable"] is True
+        loader.stop()
+        port = discovered()[DFL_BDF]
+        assert port["programmable"] is False
+        assert "cannot be reached" in port["not_programmable_because"]

@@ -297,6 +297,7 @@ def build_parser() -> OneLineParser:
     _add_config_flag(discover)
     _add_node_flags(discover)
     _add_programming_flag(discover)
+    add_serve_loader_flag(_EnvDefaults(discover))
     _add_common_flags(discover)
     found = _EnvDefaults(discover)
     found.add("--dra-driver-name", default=DEFAULT_DRA_DRIVER, convert=driver_name,

@@ -22,12 +22,13 @@ from value_types.devices import Device, DeviceSet
 
 
 def loaders_for(settings: Settings) -> dict[str, Loader]:
-    """Family -> the loader the flags choose for it: for ``serve --loader-socket``, stand-ins
-    forwarding to the loader process (:mod:`plugin.programming.remote`); otherwise, and in
-    the ``loader`` process itself, the loaders that load."""
+    """Family -> the loader the flags choose for it: for ``serve --loader-socket`` (and
+    ``discover`` given the same socket, so its PROGRAMMABLE column is the driver's rule),
+    stand-ins forwarding to the loader process (:mod:`plugin.programming.remote`);
+    otherwise, and in the ``loader`` process itself, the loaders that load."""
     from plugin.programming.loaders.choose import loaders
 
-    if settings.command == "serve" and settings.loader_socket is not None:
+    if settings.command in ("serve", "discover") and settings.loader_socket is not None:
         from plugin.programming.remote.client import remote_loaders
 
         return dict(remote_loaders(settings.loader_socket))
