@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import os
 from dataclasses import dataclass
+from typing import TypeVar
 
 from plugin.programming.digest import mismatch, sha256_of_fd
 from plugin.programming.function_config import FunctionSpec
@@ -31,6 +32,8 @@ from value_types.devices import Device
 
 MAX_REMEMBERED = 256
 Header = GbsImage | XclbinImage
+_K = TypeVar("_K")
+_V = TypeVar("_V")
 
 
 @dataclass(frozen=True)
@@ -66,17 +69,11 @@ class ImageChecks:
     async def digest(self, name: str) -> str:
         """The sha256 of image ``name`` as the library holds it now: one ``stat`` when the
         file has not changed since it was last hashed."""
-        try:
-            info = os.stat(self.library.root / name)
-        except OSError:
-            info = None
-        known = self._digests.get(name)
-        if info is not None and known is not None and known[0] == _identity(info):
-            return known[1]
+        known = self._remembered(self._digests, name, name)
+        if known is not None:
+            return known
         identity, digest = await asyncio.to_thread(self._hash, name)
-        if len(self._digests) >= MAX_REMEMBERED:
-            self._digests.pop(next(iter(self._digests)))
-        self._digests[name] = (identity, digest)
+        _remember(self._digests, name, identity, digest)
         return digest
 
     def _hash(self, name: str) -> tuple[_Identity, str]:
@@ -123,13 +120,9 @@ class ImageChecks:
         A hit costs one ``stat`` of the name as given: the full containment check (the
         resolved path inside the library) runs when the file is first read or has changed,
         and again whenever a loader opens it, so what is read is always inside."""
-        try:
-            info = os.stat(self.library.root / name)
-        except OSError:
-            info = None
-        known = self._headers.get((name, kind))
-        if info is not None and known is not None and known[0] == _identity(info):
-            return known[1]
+        known = self._remembered(self._headers, (name, kind), name)
+        if known is not None:
+            return known
         real = self.library.resolve(name)
         try:
             info = os.stat(real)
@@ -137,10 +130,30 @@ class ImageChecks:
             raise ValueError(f"image {name!r} cannot be read: {exc.strerror}") from None
         header: Header = (self.library.read_gbs(name) if kind == "gbs"
                           else self.library.read_xclbin(name))
-        if len(self._headers) >= MAX_REMEMBERED:
-            self._headers.pop(next(iter(self._headers)))
-        self._headers[(name, kind)] = (_identity(info), header)
+        _remember(self._headers, (name, kind), _identity(info), header)
         return header
+
+    def _remembered(self, cache: dict[_K, tuple[_Identity, _V]], key: _K, name: str
+                    ) -> _V | None:
+        """What ``cache`` holds for ``key`` while image ``name`` is the version it was
+        taken from (one ``stat``); None when it is not, or cannot be told."""
+        known = cache.get(key)
+        if known is None:
+            return None
+        try:
+            info = os.stat(self.library.root / name)
+        except OSError:
+            return None
+        return known[1] if known[0] == _identity(info) else None
+
+
+def _remember(cache: dict[_K, tuple[_Identity, _V]], key: _K, identity: _Identity,
+              value: _V) -> None:
+    """Keep ``value`` for ``key``, the oldest entry dropped past :data:`MAX_REMEMBERED`."""
+    cache.pop(key, None)
+    if len(cache) >= MAX_REMEMBERED:
+        cache.pop(next(iter(cache)))
+    cache[key] = (identity, value)
 
 
 def _identity(info: os.stat_result) -> _Identity:

@@ -226,15 +226,15 @@ class Programmer:
     async def _needs_load(self, device: Device, spec: FunctionSpec) -> bool:
         """Whether ``device`` must be loaded to hold ``spec``; :class:`ProgrammingRefused`
         for what no load could mend (a wrong image, a device that cannot be programmed)."""
-        self._check_image(device, spec)
-        await self._check_digest(device, spec)
+        self.vetting.check_image(device, spec)
+        await self.vetting.check_digest(device, spec)
         held = await self._held(device)
         if held == spec.function_id:
             return False
         why = self.unavailable(device)
         if why is not None:
-            raise self._refuse(device, spec, f"it holds {_shown_id(spec, held)} and cannot "
-                               f"be programmed: {why}")
+            raise self.vetting.refuse(
+                device, spec, f"it holds {_shown_id(spec, held)} and cannot be programmed: {why}")
         return True
 
     async def ensure(self, claim: str, uid: str, device_id: str, spec: FunctionSpec,
@@ -289,23 +289,16 @@ class Programmer:
             others = sorted(set(holders(device_id)) |
                             {u for u in self._claimed.get(device_id, ()) if u != uid})
             if others:
-                raise self._refuse(device, spec, f"it holds {_shown_id(spec, held)} for "
-                                   f"{len(others)} other claim(s) ({', '.join(others[:3])}); "
-                                   "a device is never reprogrammed under a claim that holds it")
+                raise self.vetting.refuse(
+                    device, spec, f"it holds {_shown_id(spec, held)} for {len(others)} other "
+                    f"claim(s) ({', '.join(others[:3])}); a device is never reprogrammed under "
+                    "a claim that holds it")
             return await self._load(claim, device, spec, self.loaders[device.backend], began)
 
     async def _load(self, claim: str, device: Device, spec: FunctionSpec, loader: Loader,
                     began: float) -> Outcome:
         deadline = began + self.timeout
-        # The bytes to load are hashed here (cached per file version) even when no digest is
-        # pinned, and the loader must load bytes with that digest: what the audit records is
-        # what reached the card.
-        digest = await self._check_digest(device, spec)
-        if digest is None and spec.image is not None and self.checks is not None:
-            try:
-                digest = await self.checks.digest(spec.image)
-            except ValueError as exc:
-                raise self._refuse(device, spec, str(exc)) from None
+        digest = await self.vetting.digest_to_load(device, spec)
         log.info("claim %s: loading %s onto %s with %s", claim, spec.shown(), device.id,
                  loader.name)
         job = LoadJob(device, spec.function_id, self.checks.library if self.checks else None,
@@ -316,8 +309,8 @@ class Programmer:
         except LoadFailed as failure:
             if failure.step == DIGEST_STEP and not failure.touched:
                 # The file changed between the check and the load: refused, untouched.
-                raise self._refuse(device, spec, failure.detail, result=DIGEST_MISMATCH,
-                                   sha256=digest) from None
+                raise self.vetting.refuse(device, spec, failure.detail,
+                                          result=DIGEST_MISMATCH, sha256=digest) from None
             self._failed(claim, device, spec, loader, failure.step, failure.detail,
                          failure.touched)
             raise ProgrammingRefused(f"loading {spec.shown()} onto {device.id} failed at "
@@ -397,16 +390,6 @@ class Programmer:
     def _lock(self, device: Device) -> asyncio.Lock:
         card = device.attribute("fme_node") or device.attribute("pci_address") or device.id
         return self._locks.setdefault(card, asyncio.Lock())
-
-    def _check_image(self, device: Device, spec: FunctionSpec) -> None:
-        self.vetting.check_image(device, spec)
-
-    async def _check_digest(self, device: Device, spec: FunctionSpec) -> str | None:
-        return await self.vetting.check_digest(device, spec)
-
-    def _refuse(self, device: Device, spec: FunctionSpec, why: str, *,
-                result: str = REFUSED, sha256: str | None = None) -> ProgrammingRefused:
-        return self.vetting.refuse(device, spec, why, result=result, sha256=sha256)
 
     def _failed(self, claim: str, device: Device, spec: FunctionSpec, loader: Loader,
                 step: str, detail: str, touched: bool) -> None:

@@ -80,6 +80,18 @@ class Vetting:
         except ValueError as exc:
             raise self.refuse(device, spec, str(exc)) from None
 
+    async def digest_to_load(self, device: Device, spec: FunctionSpec) -> str | None:
+        """The digest the loader must find in the bytes it loads: the pinned one, checked,
+        or the file's own when nothing is pinned (hashed once per file version), so what the
+        audit records is what reached the card; None for a function with no image."""
+        digest = await self.check_digest(device, spec)
+        if digest is not None or spec.image is None or self.checks is None:
+            return digest
+        try:
+            return await self.checks.digest(spec.image)
+        except ValueError as exc:
+            raise self.refuse(device, spec, str(exc)) from None
+
     def refuse(self, device: Device, spec: FunctionSpec, why: str, *,
                result: str = REFUSED, sha256: str | None = None) -> ProgrammingRefused:
         metrics.dra_programming(self.driver, device.backend, "", result, 0.0)

@@ -38,6 +38,7 @@ from plugin.serving.dra.apiserver import (
     retry_pause,
     translate,
 )
+from plugin.serving.dra.function_audit import CONDITION_REASONS
 from plugin.serving.dra.health import health_of
 from plugin.serving.dra.prepared import PreparedClaim, describe
 from value_types.claims import ClaimRef, DeviceCondition, DeviceStatusReport, PreparedDevice
@@ -344,8 +345,6 @@ def function_data(outcome: Outcome) -> dict[str, Any]:
 def refusal_reports(driver: str, audits: tuple[FunctionAudit, ...], now: str
                     ) -> tuple[DeviceStatusReport, ...]:
     """The entries of a claim refused for its function: not prepared, and why."""
-    from plugin.serving.dra.function_audit import CONDITION_REASONS
-
     reports = []
     for audit in audits:
         pool, device = audit.device.split("/", 1)
