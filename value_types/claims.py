@@ -35,6 +35,13 @@ class AllocationResult:
     driver: str
     pool: str
     device: str
+    share_id: str | None = None
+    """The allocation's ``shareID`` (resource.k8s.io v1 1.34+, KEP-5075): set only when the
+    device was published with ``allowMultipleAllocations`` and this result is one share of
+    it; None: the device was allocated whole."""
+    consumed_contexts: int | None = None
+    """``consumedCapacity["contexts"]`` of a share, as the scheduler rounded it; None when
+    the result carries none."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,8 @@ _C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _QUANTITY = re.compile(r"^[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
                        r"(?:[eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE])?$")
 MAX_IDENTIFIER = 32
+CONTEXTS = "contexts"
+"""The capacity a shared device publishes: how many users (contexts) its function serves."""
 MAX_ATTRIBUTES = 32
 """Attributes and capacities of one device together, at most
 (``ResourceSliceMaxAttributesAndCapacitiesPerDevice``)."""
@@ -112,6 +114,10 @@ class DraDevice:
     held_by: str = ""
     """The API through which a running container still holds the device (``device-plugin``
     after a move to DRA), a label value; empty: free to allocate."""
+    shared_contexts: int = 0
+    """At least 2: the device is published for sharing (``allowMultipleAllocations`` and a
+    :data:`CONTEXTS` capacity of that many, each share taking 1 unless it asks more);
+    0: it is allocated whole."""
 
     def __post_init__(self) -> None:
         if not is_dns_label(self.name):
@@ -121,7 +127,11 @@ class DraDevice:
                     if not is_qualified_name(name)]
         problems += [f"capacity {name} = {value!r} is not a quantity"
                      for name, value in self.capacity.items() if not _QUANTITY.match(value)]
-        if len(self.attributes) + len(self.capacity) > MAX_ATTRIBUTES:
+        if self.shared_contexts == 1 or self.shared_contexts < 0:
+            problems.append(f"shared_contexts {self.shared_contexts} is neither 0 nor 2 or more")
+        if self.shared_contexts and CONTEXTS in self.capacity:
+            problems.append(f"capacity {CONTEXTS!r} is the sharing capacity")
+        if len(self.attributes) + len(self.capacity) + bool(self.shared_contexts) > MAX_ATTRIBUTES:
             problems.append(f"more than {MAX_ATTRIBUTES} attributes and capacities")
         if problems:
             raise ValueError(f"device {self.device_id!r}: {'; '.join(problems)}")
@@ -131,7 +141,7 @@ class DraDevice:
     def __hash__(self) -> int:
         return hash((self.name, self.device_id, tuple(self.attributes.items()),
                      tuple(self.capacity.items()), self.healthy, self.health_reason,
-                     self.health_code, self.held_by))
+                     self.health_code, self.held_by, self.shared_contexts))
 
 
 @dataclass(frozen=True)
