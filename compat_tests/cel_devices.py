@@ -16,6 +16,12 @@ selector selects rather than what a string comparison guesses:
   ``isLessThan``, ``major``, ``minor``, ``patch``).
 * ``device.capacity[<domain>].<id>``: quantities (``compareTo``, ``isGreaterThan``,
   ``isLessThan``, ``asInteger``, ``asApproximateFloat``, and ``quantity()``/``isQuantity()``).
+* ``device.allowMultipleAllocations``: the device's field, false when absent (KEP-5075; the
+  allocator passes ``AllowMultipleAllocations`` into ``cel.Device``, dynamic-resource-allocation
+  ``structured/internal/incubating/allocator_incubating.go`` ``selectorsMatch``, commit
+  03ab440c41a8098613d2149f10b367c7f7ce32c8). It exists only while the DRAConsumableCapacity
+  gate is on; with it off, reading it is an evaluation error here (the real server refuses
+  such an expression at creation, which is not modelled).
 * Indexing an unknown domain gives an empty map (compile.go's ``mapper.Find`` default), so
   ``"x" in device.attributes["other.example.com"]`` is false; reading an attribute the device
   does not have is an evaluation error.
@@ -234,8 +240,11 @@ def _attribute_value(name: str, value: Mapping[str, Any]) -> Any:
     return Semver(raw)
 
 
-def device_variable(device: Mapping[str, Any], driver: str) -> celtypes.MapType:
-    """The ``device`` variable for one v1 ResourceSlice device of ``driver``."""
+def device_variable(device: Mapping[str, Any], driver: str, *,
+                    consumable_capacity: bool = True) -> celtypes.MapType:
+    """The ``device`` variable for one v1 ResourceSlice device of ``driver``;
+    ``consumable_capacity``: the DRAConsumableCapacity gate, which adds
+    ``allowMultipleAllocations``."""
     attributes: dict[str, dict[str, Any]] = {}
     for name, value in (device.get("attributes") or {}).items():
         domain, ident = split_qualified_name(name, driver)
@@ -250,11 +259,15 @@ def device_variable(device: Mapping[str, Any], driver: str) -> celtypes.MapType:
             {celtypes.StringType(k): v for k, v in values.items()})
             for d, values in grouped.items()})
 
-    return celtypes.MapType({
+    variable = {
         celtypes.StringType("driver"): celtypes.StringType(driver),
         celtypes.StringType("attributes"): domains(attributes),
         celtypes.StringType("capacity"): domains(capacity),
-    })
+    }
+    if consumable_capacity:
+        variable[celtypes.StringType("allowMultipleAllocations")] = celtypes.BoolType(
+            device.get("allowMultipleAllocations") is True)
+    return celtypes.MapType(variable)
 
 
 _ENVIRONMENT = celpy.Environment()
@@ -269,13 +282,15 @@ def _program(expression: str) -> celpy.Runner:
     return _ENVIRONMENT.program(ast, functions=FUNCTIONS)
 
 
-def evaluate(expression: str, device: Mapping[str, Any], driver: str) -> bool:
+def evaluate(expression: str, device: Mapping[str, Any], driver: str, *,
+             consumable_capacity: bool = True) -> bool:
     """Whether ``expression`` is true for ``device``; :class:`CelRuntimeError` when it fails
     or gives anything but a bool (the scheduler's two ways to abort an allocation)."""
     name = str(device.get("name", "?"))
     program = _program(expression)
     try:
-        result = program.evaluate({"device": device_variable(device, driver)})
+        result = program.evaluate({"device": device_variable(
+            device, driver, consumable_capacity=consumable_capacity)})
     except (celpy.CELEvalError, TypeError, ValueError) as exc:
         raise CelRuntimeError(expression, name, _cause(exc)) from exc
     if isinstance(result, celpy.CELEvalError):
@@ -291,13 +306,13 @@ def _cause(exc: BaseException) -> str:
 
 
 def selectors_match(selectors: Sequence[Mapping[str, Any]], device: Mapping[str, Any],
-                    driver: str) -> bool:
+                    driver: str, *, consumable_capacity: bool = True) -> bool:
     """All of ``selectors`` (``[{"cel": {"expression": ...}}]``) hold for ``device``, tried in
     order and stopping at the first false, as the allocator does; an error raises."""
     for selector in selectors:
         expression = selector.get("cel", {}).get("expression")
         if expression is None:
             raise ValueError(f"selector {dict(selector)!r} has no CEL expression")
-        if not evaluate(expression, device, driver):
+        if not evaluate(expression, device, driver, consumable_capacity=consumable_capacity):
             return False
     return True

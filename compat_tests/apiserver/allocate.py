@@ -36,10 +36,11 @@ from __future__ import annotations
 import copy
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from compat_tests import cel_devices
-from compat_tests.apiserver import objects
+from compat_tests.apiserver import capacity, objects, quantity
 
 if TYPE_CHECKING:
     from compat_tests.apiserver.server import ApiServerEmulator
@@ -61,23 +62,28 @@ def allocate_claim(api: ApiServerEmulator, namespace: str, name: str, node_name:
     if (claim.get("status") or {}).get("allocation"):
         raise AllocationError(f"resourceclaim {namespace}/{name} is allocated already")
     candidates = node_devices(api, node_name)
-    taken = allocated_devices(api)
+    state = allocated_state(api)
     results: list[Obj] = []
     class_config: list[Obj] = []
     for request in claim["spec"]["devices"].get("requests", []):
         exact = request.get("exactly")
+        where = f"claim {namespace}/{name} request {request['name']!r}"
         if exact is None:
-            raise AllocationError(f"claim {namespace}/{name} request {request['name']!r}: "
-                                  "only exactly requests are emulated")
+            raise AllocationError(f"{where}: only exactly requests are emulated")
+        if exact.get("capacity") is not None and not state.consumable:
+            raise AllocationError(f"{where}: has capacity requests, but the "
+                                  "DRAConsumableCapacity feature is disabled")
         device_class = api.get("deviceclasses", exact["deviceClassName"])
         if device_class is None:
-            raise AllocationError(f"claim {namespace}/{name} request {request['name']!r}: "
-                                  f"DeviceClass {exact['deviceClassName']!r} not found")
-        chosen = _pick(f"{namespace}/{name}", request["name"], exact, device_class,
-                       candidates, taken)
-        for driver, pool, device in chosen:
-            taken.add((driver, pool, device))
-            results.append(objects.result(request["name"], driver, pool, device))
+            raise AllocationError(f"{where}: DeviceClass {exact['deviceClassName']!r} not found")
+        for driver, pool, device, taken in _pick(f"{namespace}/{name}", request["name"], exact,
+                                                 device_class, candidates, state):
+            extra: Obj = {}
+            if taken is not None:
+                extra["shareID"] = str(uuid.uuid4())
+                if taken:
+                    extra["consumedCapacity"] = {n: capacity.text(v) for n, v in taken.items()}
+            results.append(objects.result(request["name"], driver, pool, device, **extra))
         for entry in device_class["spec"].get("config", []):
             class_config.append({"source": "FromClass", "requests": [request["name"]],
                                  **copy.deepcopy(entry)})
@@ -91,35 +97,66 @@ def allocate_claim(api: ApiServerEmulator, namespace: str, name: str, node_name:
     return updated
 
 
+DeviceKey = tuple[str, str, str]
+Chosen = tuple[str, str, str, capacity.Amounts | None]
+
+
+@dataclass
+class AllocatedState:
+    """What claims hold, as the scheduler's ``allocatedDevices`` tracker gathers it: devices
+    held whole (a result without ``shareID``, or any result while the gate is off) and, per
+    shared device, the sum of its shares' ``consumedCapacity``."""
+
+    consumable: bool
+    whole: set[DeviceKey] = field(default_factory=set)
+    held: dict[DeviceKey, capacity.Amounts] = field(default_factory=dict)
+
+
 def _pick(claim: str, request: str, exact: Mapping[str, Any], device_class: Obj,
-          candidates: Sequence[tuple[str, str, Obj]], taken: set[tuple[str, str, str]]
-          ) -> list[tuple[str, str, str]]:
+          candidates: Sequence[tuple[str, str, Obj]], state: AllocatedState) -> list[Chosen]:
+    """The request's devices, recorded in ``state`` as taken; a share carries what it takes
+    of each capacity, a device given whole carries None."""
     mode = exact.get("allocationMode", "ExactCount")
     wanted = int(exact.get("count", 1)) if mode == "ExactCount" else None
     class_selectors = device_class["spec"].get("selectors", [])
     selectors = exact.get("selectors", [])
     tolerations = exact.get("tolerations", [])
-    chosen: list[tuple[str, str, str]] = []
+    asked = capacity.requested_amounts(exact) if state.consumable else None
+    chosen: list[Chosen] = []
     for driver, pool, device in candidates:
         key = (driver, pool, device["name"])
-        if key in taken or not tolerated(device.get("taints", []), tolerations):
+        if key in state.whole or any(c[:3] == key for c in chosen) or not tolerated(
+                device.get("taints", []), tolerations):
             continue
         try:
-            matches = (cel_devices.selectors_match(class_selectors, device, driver)
-                       and cel_devices.selectors_match(selectors, device, driver))
+            matches = (cel_devices.selectors_match(class_selectors, device, driver,
+                                                   consumable_capacity=state.consumable)
+                       and cel_devices.selectors_match(selectors, device, driver,
+                                                       consumable_capacity=state.consumable))
         except cel_devices.CelRuntimeError as exc:
             origin = "class " + device_class["metadata"]["name"]
             raise AllocationError(f"claim {claim} request {request!r}: {origin}: {exc}") from exc
-        if matches:
-            chosen.append(key)
-            if wanted is not None and len(chosen) == wanted:
-                return chosen
+        if not matches:
+            continue
+        taken = capacity.fits(device, asked, state.held.get(key, {})) if state.consumable else {}
+        if taken is None:
+            continue
+        if state.consumable and device.get("allowMultipleAllocations") is True:
+            capacity.add(state.held.setdefault(key, {}), taken)
+            chosen.append((*key, taken))
+        else:
+            state.whole.add(key)
+            chosen.append((*key, None))
+        if wanted is not None and len(chosen) == wanted:
+            return chosen
     if wanted is None and chosen:
         return chosen
+    left = "" if not asked else " and have the capacity asked left (" + ", ".join(
+        f"{n}: {capacity.text(v)}" for n, v in sorted(asked.items())) + ")"
     raise AllocationError(
-        f"claim {claim} request {request!r}: {len(chosen)} of "
+        f"cannot allocate all claims: claim {claim} request {request!r}: {len(chosen)} of "
         f"{wanted if wanted is not None else 'at least 1'} devices of class "
-        f"{device_class['metadata']['name']!r} are free, untainted and selected")
+        f"{device_class['metadata']['name']!r} are free, untainted and selected{left}")
 
 
 def node_devices(api: ApiServerEmulator, node_name: str) -> list[tuple[str, str, Obj]]:
@@ -140,14 +177,19 @@ def node_devices(api: ApiServerEmulator, node_name: str) -> list[tuple[str, str,
     return found
 
 
-def allocated_devices(api: ApiServerEmulator) -> set[tuple[str, str, str]]:
-    """``(driver, pool, device)`` of every device some claim of this emulator holds."""
-    held = set()
+def allocated_state(api: ApiServerEmulator) -> AllocatedState:
+    """What every claim of this emulator holds (``foreachAllocatedDevice``)."""
+    state = AllocatedState(consumable=api.model.enabled("DRAConsumableCapacity"))
     for claim in api.list("resourceclaims"):
         allocation = (claim.get("status") or {}).get("allocation") or {}
         for result in allocation.get("devices", {}).get("results", []):
-            held.add((result["driver"], result["pool"], result["device"]))
-    return held
+            key = (result["driver"], result["pool"], result["device"])
+            if not state.consumable or result.get("shareID") is None:
+                state.whole.add(key)
+                continue
+            capacity.add(state.held.setdefault(key, {}), {
+                n: quantity.parse(v) for n, v in (result.get("consumedCapacity") or {}).items()})
+    return state
 
 
 def tolerated(taints: Sequence[Mapping[str, Any]],
