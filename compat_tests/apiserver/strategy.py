@@ -10,7 +10,10 @@ From k/k ``pkg/registry/resource/{resourceslice,resourceclaim,deviceclass}/strat
   spec and the labels, annotations, finalizers and owner references;
 - fields behind a disabled feature gate are dropped silently, unless the stored object already
   uses them (ratcheting): DRADeviceTaints (device taints), DRAPartitionableDevices,
-  DRADeviceBindingConditions (with DRAResourceClaimDeviceStatus), DRAConsumableCapacity,
+  DRADeviceBindingConditions (with DRAResourceClaimDeviceStatus), DRAConsumableCapacity (a
+  device's ``allowMultipleAllocations`` and ``requestPolicy``; a claim request's
+  ``capacity``, a result's ``shareID`` and ``consumedCapacity``, a device status's
+  ``shareID``),
   DRAListTypeAttributes, DRANodeAllocatableResources, DRAExtendedResource (class
   ``extendedResourceName``), DRAPrioritizedList, DRAAdminAccess, DRAResourceClaimDeviceStatus.
 """
@@ -149,8 +152,36 @@ def _drop_claim_fields(new: Obj, old: Obj | None, model: ServerModel) -> None:
         for result in map(as_dict, results):
             result.pop("adminAccess", None)
     old_devices = as_list(as_dict(as_dict(old).get("status")).get("devices"))
+    if not model.enabled("DRAConsumableCapacity"):
+        _drop_consumable_capacity(requests, results, new, old_requests, old_results, old_devices)
     if not model.enabled("DRAResourceClaimDeviceStatus") and not old_devices:
         as_dict(new.get("status")).pop("devices", None)
+
+
+def _drop_consumable_capacity(requests: list[Obj], results: list[Any], new: Obj,
+                              old_requests: list[Obj], old_results: list[Any],
+                              old_devices: list[Any]) -> None:
+    """KEP-5075's claim fields while the gate is off: request ``capacity``, a result's
+    ``shareID`` and ``consumedCapacity``, a device status's ``shareID``; kept when the stored
+    claim uses one already."""
+    def targets(request: Obj) -> list[Obj]:
+        exact = request.get("exactly")
+        return ([exact] if isinstance(exact, dict) else []) + [
+            as_dict(s) for s in as_list(request.get("firstAvailable"))]
+
+    share_keys = ("shareID", "consumedCapacity")
+    if any("capacity" in t for r in old_requests for t in targets(r)) or any(
+            k in as_dict(r) for r in old_results for k in share_keys) or any(
+            "shareID" in as_dict(d) for d in old_devices):
+        return
+    for request in requests:
+        for target in targets(request):
+            target.pop("capacity", None)
+    for result in map(as_dict, results):
+        for key in share_keys:
+            result.pop(key, None)
+    for device in map(as_dict, as_list(as_dict(new.get("status")).get("devices"))):
+        device.pop("shareID", None)
 
 
 _RAW = ("parameters", "data")  # runtime.RawExtension: kept byte for byte
