@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from compat_tests import cel_devices
-from compat_tests.apiserver import capacity, objects, quantity
+from compat_tests.apiserver import capacity, objects
 
 if TYPE_CHECKING:
     from compat_tests.apiserver.server import ApiServerEmulator
@@ -82,7 +82,7 @@ def allocate_claim(api: ApiServerEmulator, namespace: str, name: str, node_name:
             if taken is not None:
                 extra["shareID"] = str(uuid.uuid4())
                 if taken:
-                    extra["consumedCapacity"] = {n: capacity.text(v) for n, v in taken.items()}
+                    extra["consumedCapacity"] = {n: text for n, (_, text) in taken.items()}
             results.append(objects.result(request["name"], driver, pool, device, **extra))
         for entry in device_class["spec"].get("config", []):
             class_config.append({"source": "FromClass", "requests": [request["name"]],
@@ -98,7 +98,7 @@ def allocate_claim(api: ApiServerEmulator, namespace: str, name: str, node_name:
 
 
 DeviceKey = tuple[str, str, str]
-Chosen = tuple[str, str, str, capacity.Amounts | None]
+Chosen = tuple[str, str, str, capacity.Taken | None]
 
 
 @dataclass
@@ -121,7 +121,7 @@ def _pick(claim: str, request: str, exact: Mapping[str, Any], device_class: Obj,
     class_selectors = device_class["spec"].get("selectors", [])
     selectors = exact.get("selectors", [])
     tolerations = exact.get("tolerations", [])
-    asked = capacity.requested_amounts(exact) if state.consumable else None
+    asked = capacity.requested(exact) if state.consumable else None
     chosen: list[Chosen] = []
     for driver, pool, device in candidates:
         key = (driver, pool, device["name"])
@@ -152,7 +152,7 @@ def _pick(claim: str, request: str, exact: Mapping[str, Any], device_class: Obj,
     if wanted is None and chosen:
         return chosen
     left = "" if not asked else " and have the capacity asked left (" + ", ".join(
-        f"{n}: {capacity.text(v)}" for n, v in sorted(asked.items())) + ")"
+        f"{n}: {v}" for n, v in sorted(asked.items())) + ")"
     raise AllocationError(
         f"cannot allocate all claims: claim {claim} request {request!r}: {len(chosen)} of "
         f"{wanted if wanted is not None else 'at least 1'} devices of class "
@@ -187,8 +187,7 @@ def allocated_state(api: ApiServerEmulator) -> AllocatedState:
             if not state.consumable or result.get("shareID") is None:
                 state.whole.add(key)
                 continue
-            capacity.add(state.held.setdefault(key, {}), {
-                n: quantity.parse(v) for n, v in (result.get("consumedCapacity") or {}).items()})
+            capacity.add(state.held.setdefault(key, {}), result.get("consumedCapacity") or {})
     return state
 
 

@@ -32,6 +32,8 @@ from typing import Any
 from compat_tests.apiserver import quantity as quantities
 
 Amounts = dict[str, Fraction]
+Taken = dict[str, tuple[Fraction, str]]
+"""What a share takes per capacity: the amount and the quantity written for it."""
 
 
 def _value(raw: Any) -> int:
@@ -44,31 +46,45 @@ def _go_mod(a: int, b: int) -> int:
     return a - b * int(a / b) if b else 0
 
 
-def consumed(requested: Fraction | None, capacity: Mapping[str, Any]) -> Fraction:
-    """What a request asking ``requested`` (None: not named) takes of one capacity."""
+def consumed(requested: str | None, capacity: Mapping[str, Any]) -> tuple[Fraction, str]:
+    """What a request asking ``requested`` (None: not named) takes of one capacity: the
+    amount, and the quantity the scheduler writes for it (it copies the quantity it took the
+    amount from, keeping its format; a step rounding writes a binary-SI integer)."""
     policy = capacity.get("requestPolicy")
     if requested is None:
         if policy and policy.get("default") is not None:
-            return quantities.parse(policy["default"])
-        return quantities.parse(capacity["value"])
+            return _amount(policy["default"])
+        return _amount(capacity["value"])
+    asked = _amount(requested)
     if not policy:
-        return requested
+        return asked
     valid_range = policy.get("validRange")
     if valid_range and valid_range.get("min") is not None:
-        low = quantities.parse(valid_range["min"])
-        if requested < low:
+        low = _amount(valid_range["min"])
+        if asked[0] < low[0]:
             return low
         if valid_range.get("step") is None:
-            return requested
+            return asked
         step, start = _value(valid_range["step"]), _value(valid_range["min"])
-        added = math.ceil(requested) - start
+        added = math.ceil(asked[0]) - start
         steps = int(added / step) + (1 if _go_mod(added, step) else 0)
-        return Fraction(start + step * steps)
+        total = start + step * steps
+        return Fraction(total), _binary(total)
     if policy.get("validValues") is not None:
         for valid in policy["validValues"]:
-            if requested <= quantities.parse(valid):
-                return quantities.parse(valid)
-    return requested
+            if asked[0] <= quantities.parse(valid):
+                return _amount(valid)
+    return asked
+
+
+def _amount(raw: Any) -> tuple[Fraction, str]:
+    return quantities.parse(raw), quantities.canonical(raw)
+
+
+def _binary(total: int) -> str:
+    """``resource.NewQuantity(total, BinarySI)`` as the server stores it."""
+    return quantities.canonical(f"{total // 1024}Ki" if total and total % 1024 == 0
+                                else str(total))
 
 
 def violates_policy(amount: Fraction, policy: Mapping[str, Any] | None) -> bool:
@@ -89,38 +105,32 @@ def violates_policy(amount: Fraction, policy: Mapping[str, Any] | None) -> bool:
     return bool(values) and all(amount != quantities.parse(v) for v in values)
 
 
-def requested_amounts(exact: Mapping[str, Any]) -> Amounts | None:
-    """``exactly.capacity.requests`` as exact values; None when the request names none."""
+def requested(exact: Mapping[str, Any]) -> dict[str, str] | None:
+    """``exactly.capacity.requests`` as written; None when the request names none."""
     requests = (exact.get("capacity") or {}).get("requests")
-    if requests is None:
-        return None
-    return {name: quantities.parse(value) for name, value in requests.items()}
+    return None if requests is None else {name: str(v) for name, v in requests.items()}
 
 
-def fits(device: Mapping[str, Any], requested: Amounts | None, held: Amounts) -> Amounts | None:
+def fits(device: Mapping[str, Any], asked: Mapping[str, str] | None,
+         held: Amounts) -> Taken | None:
     """What the request takes of every capacity of ``device`` when it fits beside ``held``
     (what shares already hold, by capacity name); None when it does not fit."""
     capacities = device.get("capacity") or {}
-    if requested is not None and any(name not in capacities for name in requested):
+    if asked is not None and any(name not in capacities for name in asked):
         return None
-    taken: Amounts = {}
+    taken: Taken = {}
     for name, capacity in capacities.items():
-        amount = consumed(None if requested is None else requested.get(name), capacity)
-        if violates_policy(amount, capacity.get("requestPolicy")):
+        amount = consumed(None if asked is None else asked.get(name), capacity)
+        if violates_policy(amount[0], capacity.get("requestPolicy")):
             return None
-        if held.get(name, Fraction(0)) + amount > quantities.parse(capacity["value"]):
+        if held.get(name, Fraction(0)) + amount[0] > quantities.parse(capacity["value"]):
             return None
         taken[name] = amount
     return taken
 
 
-def text(amount: Fraction) -> str:
-    """The canonical quantity string of an exact amount (what the server stores)."""
-    if amount.denominator == 1:
-        return quantities.canonical(str(amount.numerator))
-    return quantities.canonical(f"{math.ceil(amount * 10**9)}n")
-
-
-def add(total: Amounts, amounts: Mapping[str, Fraction]) -> None:
+def add(total: Amounts, amounts: Mapping[str, Any]) -> None:
+    """Add quantities (strings as stored, or ``(amount, text)`` pairs) into ``total``."""
     for name, amount in amounts.items():
-        total[name] = total.get(name, Fraction(0)) + amount
+        value = amount[0] if isinstance(amount, tuple) else quantities.parse(amount)
+        total[name] = total.get(name, Fraction(0)) + value
