@@ -10,17 +10,16 @@ Warning header) so a driver's typo fails loudly; pass ``default_field_validation
 real default.
 
 Not modelled (a real API server does these): server-side apply (415) except of a claim's status
-(apply.py), managedFields, RBAC beyond denied verbs (faults.py, claim_authz.py), YAML and
-protobuf bodies, the aggregated discovery format, resourceclaimtemplates, devicetaintrules and
-v1alpha3, admission (ValidatingAdmissionPolicy, NodeRestriction, quota), CEL compilation of
-selectors (only their size is checked), consumable-capacity request policies beyond the
-allowMultipleAllocations rule, nodeAllocatableResourceMappings rules, consistent snapshots for
-``continue`` and ``resourceVersionMatch=Exact`` lists (pages come from the current state),
-priority and fairness (429 only when injected), garbage collection except of a deleted Node's
-dependants, ``nodes/status`` writes and the spec rules of a Node update (nodes.py: Nodes are
-read, listed, watched, updated and patched, as ``kubectl label`` does), server-chosen watch
-timeouts, HTTP/2, and schema differences between releases other
-than the fields and gates listed in models.py (the schemas are those of 1.36).
+(apply.py), managedFields, RBAC beyond denied verbs (faults.py, claim_authz.py), YAML and protobuf
+bodies, the aggregated discovery format, resourceclaimtemplates, devicetaintrules and v1alpha3,
+admission (ValidatingAdmissionPolicy, NodeRestriction, quota), CEL compilation of selectors (only
+their size is checked), nodeAllocatableResourceMappings rules, consistent snapshots for
+``continue`` and ``resourceVersionMatch=Exact`` lists (pages come from the current state), priority
+and fairness (429 only when injected), garbage collection except of a deleted Node's dependants,
+``nodes/status`` writes and the spec rules of a Node update (nodes.py: Nodes are read, listed,
+watched, updated and patched, as ``kubectl label`` does), server-chosen watch timeouts, HTTP/2, and
+schema differences between releases other than the fields and gates listed in models.py (the
+schemas are those of 1.36).
 """
 
 from compat_tests.apiserver.faults import DEFAULT_USER, Faults, LoggedRequest

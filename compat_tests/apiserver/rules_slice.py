@@ -17,7 +17,8 @@ validateCounterSet, validateDeviceBindingParameters) with the limits of k8s.io/a
   and capacity names qualified (``cIdentifier`` of at most 32 bytes, optionally behind a
   ``domain/`` that is a driver name); each attribute exactly one of int, bool, string, version
   (and, 1.36+, ints, bools, strings, versions), strings at most 64 bytes, versions semver 2.0.0;
-  ``capacity.requestPolicy`` only with ``allowMultipleAllocations``;
+  ``capacity.requestPolicy`` only with ``allowMultipleAllocations``, and then valid
+  (:mod:`compat_tests.apiserver.rules_capacity`);
 - taints: at most 16, key a label key, value a label value, effect NoSchedule or NoExecute (and
   None from 1.36); only re-checked when they changed;
 - consumesCounters: at most 2 sets, counter names DNS labels; sharedCounters at most 8 sets of at
@@ -32,6 +33,7 @@ from typing import Any
 from compat_tests.apiserver import fielderrors as fe
 from compat_tests.apiserver import rules_common as rc
 from compat_tests.apiserver.fielderrors import FieldError
+from compat_tests.apiserver.rules_capacity import validate_request_policy
 from compat_tests.apiserver.rules_common import as_dict, as_list
 
 MAX_DEVICES = 128
@@ -158,6 +160,8 @@ def _device(device: dict[str, Any], old: dict[str, Any] | None, path: str,
             if not multi and "requestPolicy" in as_dict(capacity[key]):
                 errs.append(fe.forbidden(f"{path}.capacity[{key}].requestPolicy",
                                          "allowMultipleAllocations must be true"))
+            elif multi:
+                errs += validate_request_policy(as_dict(capacity[key]), f"{path}.capacity[{key}]")
     taints = [as_dict(t) for t in as_list(device.get("taints"))]
     if old is None or old.get("taints") != device.get("taints"):
         if len(taints) > MAX_TAINTS:
