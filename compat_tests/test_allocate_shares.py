@@ -354,3 +354,22 @@ def test_a_1_36_server_keeps_the_fields():
     created = ask(api, "first", "2")
     assert created["spec"]["devices"]["requests"][0]["exactly"]["capacity"] == {
         "requests": {"contexts": "2"}}
+
+
+@pytest.mark.parametrize("version", ["v1beta1", "v1beta2"])
+def test_a_share_reads_the_same_in_the_older_versions(version):
+    """A driver reading claims in v1beta1 or v1beta2 sees the same share: the request's
+    capacity (flat in v1beta1) and the result's shareID and consumedCapacity."""
+    api = make_api()
+    api.switch_model("1.36", runtime_config="resource.k8s.io/v1beta1=true,"
+                                            "resource.k8s.io/v1beta2=true")
+    publish(api, [shared("fpga-0", 4)])
+    ask(api, "share", "2")
+    (written,) = results(allocate_claim(api, NAMESPACE, "share", NODE))
+    claim = api.get("resourceclaims", "share", NAMESPACE, version=version)
+    (request,) = claim["spec"]["devices"]["requests"]
+    asked = request if version == "v1beta1" else request["exactly"]
+    assert asked["capacity"] == {"requests": {"contexts": "2"}}
+    (result,) = results(claim)
+    assert (result["shareID"], result["consumedCapacity"]) == (
+        written["shareID"], {"contexts": "2"})

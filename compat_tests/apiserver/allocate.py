@@ -11,7 +11,26 @@ newest generation of each pool), each one
   aborts the whole allocation, as ``selectorsMatch`` does;
 * not tainted ``NoSchedule`` or ``NoExecute`` without a matching toleration in the request
   (KEP-5055 ``allocator.go`` ``allTaintsTolerated``; ``None`` taints never block);
-* not already in another claim's allocation, and not given twice in this one.
+* not already in another claim's allocation, and not given twice in this one;
+* with the DRAConsumableCapacity gate on (the server model's gate, 1.36+), fitting the
+  request's ``capacity.requests`` (:mod:`compat_tests.apiserver.capacity`): a request naming a
+  capacity the device lacks, or more than its policy or what is left allows, does not match.
+
+Consumable capacity (KEP-5075), from dynamic-resource-allocation
+``structured/internal/incubating/allocator_incubating.go`` (kubernetes/kubernetes commit
+03ab440c41a8098613d2149f10b367c7f7ce32c8, ``allocateDevice``, ``CmpRequestOverCapacity``) and
+``pkg/scheduler/framework/plugins/dynamicresources/allocateddevices.go`` (commit
+030880a5dc5449403c6d1f0aa146a7dc21d6c6dc, ``foreachAllocatedDevice``): a device with
+``allowMultipleAllocations: true`` is never marked in use, so it goes to several claims, and to
+several requests of one claim, each time as a share: the result gets ``shareID`` (a fresh
+random UUID, ``GenerateShareID``) and ``consumedCapacity`` with what the request takes of every
+capacity of the device (zero included; left out when the device has no capacity). A result
+without ``shareID`` holds its device whole: no share and no other claim gets it. Shares count
+only as capacity: a device published whole again is refused to a claim only when the capacity
+it takes (all of it, with no policy and nothing asked) no longer fits beside them; without any
+capacity it is handed out (upstream does so; only the driver can refuse that at prepare).
+With the gate off, every result counts as whole, ``allowMultipleAllocations`` is not looked at
+and a request with capacity requests is an error, as the allocator says it.
 
 It writes ``status.allocation``: ``devices.results`` (request, driver, pool, device) in
 request order, ``devices.config`` with each request's class configuration first
@@ -27,8 +46,14 @@ container and resource (kubernetes/kubernetes ``pkg/scheduler/framework/plugins/
 dynamicresources/extended`` request naming, commit 00faa5e7ae978d4e75e80649cdb2cc46f98ba152),
 then allocated as above.
 
+A refusal says ``cannot allocate all claims`` (the scheduler's Filter status) and which
+request found too few devices, naming the capacity it asked.
+
 Not modelled: ``firstAvailable`` sub-requests, constraints (``matchAttribute``), admin
-access, consumable capacity, partitionable devices, and slices that are not node-local.
+access, partitionable devices, slices that are not node-local, and the search: the scheduler
+backtracks over every combination, the emulator takes the first device that fits for each
+request in turn. Both find the same first solution unless an earlier request's device leaves a
+later request no room that another choice would have left.
 """
 
 from __future__ import annotations
