@@ -340,10 +340,12 @@ def test_a_1_35_server_drops_a_share_a_client_writes():
     result = objects.result("req-0", DRIVER, NODE, "fpga-0",
                             shareID="6f1d1a8e-3b5c-4c1e-9f8a-2d7e4b6a0c11",
                             consumedCapacity={"contexts": "1"})
+    entry = {"driver": DRIVER, "pool": NODE, "device": "fpga-0", "shareID": result["shareID"]}
     stored = api.set_claim_status(NAMESPACE, "claim", {
-        "allocation": objects.allocation([result], node_name=NODE)})
+        "allocation": objects.allocation([result], node_name=NODE), "devices": [entry]})
     assert results(stored) == [{"request": "req-0", "driver": DRIVER, "pool": NODE,
                                 "device": "fpga-0"}]
+    assert stored["status"]["devices"] == [{"driver": DRIVER, "pool": NODE, "device": "fpga-0"}]
 
 
 def test_a_1_36_server_keeps_the_fields():
