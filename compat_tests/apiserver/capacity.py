@@ -3,8 +3,9 @@
 Read from k8s.io/dynamic-resource-allocation ``structured/internal/incubating/
 consumable_capacity.go`` at kubernetes/kubernetes commit
 10cd7f609f9454ca055a991ac1e1e251d64020cb (the allocator a 1.36 scheduler runs with the beta
-gate on; ``experimental/`` has the same rules), with the API's own wording in the 1.36
-OpenAPI schema (``CapacityRequirements.requests``, ``DeviceCapacity.requestPolicy``):
+gate on; ``experimental/consumable_capacity.go`` at commit
+74f8fbd72409a0d183b6df790ae6098b254b5dc5 has the same rules), with the API's own wording in
+the 1.36 OpenAPI schema (``CapacityRequirements.requests``, ``DeviceCapacity.requestPolicy``):
 
 * what a request consumes of one capacity (``calculateConsumedCapacity``): when the request
   does not name it, the policy's ``default``, or the whole ``value`` without a policy (the
