@@ -146,6 +146,16 @@ def test_shares_spread_to_the_next_device_when_one_is_full():
     assert placed == ["fpga-0", "fpga-0", "fpga-1", "fpga-1"]
 
 
+def test_consumed_capacity_lists_every_capacity_of_the_device_even_at_zero():
+    device = shared("fpga-0", 4)
+    device["capacity"]["bandwidth"] = {"value": "10", "requestPolicy": {
+        "default": "0", "validRange": {"min": "0", "max": "10", "step": "1"}}}
+    api = make_api()
+    publish(api, [device])
+    ask(api, "share", "1")
+    (result,) = results(allocate_claim(api, NAMESPACE, "share", NODE))
+    assert result["consumedCapacity"] == {"contexts": "1", "bandwidth": "0"}
+
 def test_a_capacity_the_device_does_not_have_does_not_match():
     api = make_api()
     publish(api, [shared("fpga-0", 4)])
