@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from deploy_support import (
     REPO,
     container,
@@ -332,3 +333,41 @@ def test_the_schema_refuses_what_cannot_be_shared(function):
                                              "function": function}]}}
     with pytest.raises(HelmRefused, match="/sharing/deviceClasses/0/function"):
         helm_render(values)
+
+
+# --- the guide's own YAML --------------------------------------------------------------------
+
+GUIDE = REPO / "docs" / "sharing.md"
+
+
+def _guide_objects() -> list[dict[str, Any]]:
+    return [yaml.safe_load(block) for block in
+            re.findall(r"```yaml\n(.*?)```", GUIDE.read_text(), re.S)]
+
+
+def test_the_guides_objects_are_what_a_136_api_server_accepts():
+    """What a reader copies from docs/sharing.md: the slice, the class, the template's claim
+    and the status the scheduler and the driver write, each checked as the emulated 1.36 API
+    server would (the status as a status update of that claim)."""
+    found = {o.get("kind", "status"): o for o in _guide_objects()}
+    assert set(found) == {"ResourceSlice", "DeviceClass", "ResourceClaimTemplate", "status"}
+    slice_obj = copy.deepcopy(found["ResourceSlice"])
+    slice_obj["metadata"] = {"name": f"fpga-node-1-{DRIVER}-x7k2p"}
+    assert pipeline.validate(slice_obj, model="1.36") == []
+    assert slice_obj["spec"]["devices"][0]["allowMultipleAllocations"] is True
+    assert pipeline.validate(copy.deepcopy(found["DeviceClass"]), model="1.36") == []
+    claim = _claim_of(found["ResourceClaimTemplate"])
+    claim["metadata"].update({"uid": "0b1d2c3b-9a8e-4f7d-b6c5-a4e3d2c1b0a9",
+                              "resourceVersion": "1"})
+    assert pipeline.validate(copy.deepcopy(claim), model="1.36") == []
+    allocated = copy.deepcopy(claim)
+    allocated["status"] = copy.deepcopy(found["status"]["status"])
+    allocated["status"]["allocation"]["nodeSelector"] = {"nodeSelectorTerms": [{"matchFields": [
+        {"key": "metadata.name", "operator": "In", "values": ["fpga-node-1"]}]}]}
+    for entry in allocated["status"]["devices"]:
+        for condition in entry["conditions"]:
+            condition.update({"lastTransitionTime": "2026-11-27T22:00:00Z", "message": ""})
+    assert pipeline.validate(allocated, model="1.36", old=claim, status=True) == []
+    (result,) = allocated["status"]["allocation"]["devices"]["results"]
+    assert result["shareID"] == allocated["status"]["devices"][0]["shareID"]
+    assert result["consumedCapacity"] == {"contexts": "1"}
