@@ -349,7 +349,8 @@ def test_the_guides_objects_are_what_a_136_api_server_accepts():
     """What a reader copies from docs/sharing.md: the slice, the class, the template's claim
     and the status the scheduler and the driver write, each checked as the emulated 1.36 API
     server would (the status as a status update of that claim)."""
-    found = {o.get("kind", "status"): o for o in _guide_objects()}
+    found = {o.get("kind", "status"): o for o in _guide_objects()
+             if not o.get("apiVersion", "").startswith("kustomize.config.k8s.io/")}
     assert set(found) == {"ResourceSlice", "DeviceClass", "ResourceClaimTemplate", "status"}
     slice_obj = copy.deepcopy(found["ResourceSlice"])
     slice_obj["metadata"] = {"name": f"fpga-node-1-{DRIVER}-x7k2p"}
@@ -371,3 +372,18 @@ def test_the_guides_objects_are_what_a_136_api_server_accepts():
     (result,) = allocated["status"]["allocation"]["devices"]["results"]
     assert result["shareID"] == allocated["status"]["devices"][0]["shareID"]
     assert result["consumedCapacity"] == {"contexts": "1"}
+
+
+def test_the_guides_kustomization_renders_the_setting_it_patches(kubectl, tmp_path):
+    """The kustomization docs/sharing.md shows, its paths pointing at this tree: the
+    components build together, and its patch replaces the component's setting rather than
+    adding a second variable of that name."""
+    (kustomization,) = [o for o in _guide_objects() if o.get("kind") == "Kustomization"]
+    text = yaml.safe_dump(kustomization).replace(
+        "../k8s-accelerator-devplugin/", os.path.relpath(REPO, tmp_path) + "/")
+    (tmp_path / "kustomization.yaml").write_text(text)
+    objects = render(kubectl, tmp_path)
+    names = [e["name"] for e in container(objects)["env"]]
+    assert names.count(SHARE_VARIABLE) == 1
+    assert env(objects)[SHARE_VARIABLE] == "intel=image,alveo=4"
+    assert env(objects)["ACCELERATOR_DP_PROGRAMMING"] == "on"
