@@ -50,9 +50,13 @@ EXCLUSIVE: list[tuple[set[str], str]] = [
     ({"serviceaccount", "programming"}, "programming needs dra, which brings the account"),
     ({"aws-units", "programming"}, "units read no hardware: nothing to load"),
     ({"legacy", "function-admission"}, "admission policies are 1.30+, legacy is for 1.11 to 1.20"),
+    ({"legacy", "sharing"}, "sharing is DRA's, 1.34+"),
+    ({"serviceaccount", "sharing"}, "sharing needs dra, which brings the account"),
+    ({"aws-units", "sharing"}, "AWS slots and units cannot be shared"),
 ]
 """Pairs that do not go together, and why."""
-NEEDS = {"monitoring": ("metrics",), "events": ("serviceaccount",), "programming": ("dra",)}
+NEEDS = {"monitoring": ("metrics",), "events": ("serviceaccount",), "programming": ("dra",),
+         "sharing": ("dra",)}
 """What a component cannot build without (listed before it); dra satisfies events too."""
 
 
@@ -84,7 +88,7 @@ PAIRS = [p for p in itertools.combinations(COMPONENTS, 2) if compatible(*p)]
 def test_every_component_is_a_kustomize_component():
     assert set(COMPONENTS) >= {"cdi", "plugin-watcher", "dra", "metrics", "monitoring", "afu",
                                "alveo", "aws-units", "intel", "events", "serviceaccount",
-                               "legacy", "programming", "function-admission"}
+                               "legacy", "programming", "function-admission", "sharing"}
     for name in COMPONENTS:
         (kustomization,) = yaml.safe_load_all((COMPONENTS_DIR / name / "kustomization.yaml")
                                               .read_text())
@@ -187,6 +191,8 @@ def test_two_compatible_components_combine_without_conflict(kubectl, tmp_path, a
     # Programming is configured through DRA claims: never on a device plugin alone.
     (("programming",), "nothing selected by DeviceClass"),
     (("programming", "dra"), "nothing selected by DeviceClass"),
+    # Only DRA allocates a device to several claims.
+    (("sharing",), "nothing selected by DeviceClass"),
     (("metrics", "monitoring", "metrics"), "may not add resource"),
 ])
 def test_combinations_that_cannot_work_fail_to_build(kubectl, tmp_path, chosen, why):
