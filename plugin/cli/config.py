@@ -29,6 +29,7 @@ from plugin.cli.converters import (
     driver_name,
     generations,
     port_number,
+    replicas,
     resource_name,
     resource_prefix,
     socket_name,
@@ -58,6 +59,7 @@ from plugin.model.programming import (
     INTEL_LOADERS,
     PROGRAMMING_MODES,
 )
+from plugin.model.replicas import MAX_REPLICAS
 from plugin.serving.cdi import DEFAULT_SPEC_DIR
 from plugin.serving.cdi import STRATEGIES as CDI_STRATEGIES
 from plugin.serving.deviceplugin.channels import DEFAULT_REGISTRY
@@ -186,6 +188,10 @@ def _add_serve_flags(parser: OneLineParser) -> None:
             help="file name of this plugin's socket in that directory")
     env.add("--api-versions", default=DEFAULT_GENERATIONS, convert=generations,
             help="generations to try, in this order (default newest first)")
+    env.add("--replicas", default=(), convert=replicas, metavar="RESOURCE=N[,...]",
+            help="device plugin: advertise each device of RESOURCE (a full resource name, or "
+                 f"* for every one) N times (1 to {MAX_REPLICAS}), as <device ID>::<i>, so N "
+                 "containers share it; only for functions several users can share")
     env.add("--registration", default="kubelet-socket", choices=REGISTRATION_MODES,
             help="kubelet-socket: call Register on kubelet.sock (every kubelet); "
                  "plugin-watcher: a socket in --plugins-registry-dir that the kubelet finds "

@@ -66,8 +66,10 @@ def _backend(settings: Settings) -> Backend:
 
 def serve(settings: Settings) -> int:
     from plugin.discovery.triggers import triggers_for
+    from plugin.model.replicas import announce
     from plugin.process.daemon import Daemon
 
+    announce(settings.replicas, settings.resource_mode, settings.resource_name)
     probes = _probe_port(settings)
     backend = _backend(settings)
     daemon = Daemon(settings, backend, triggers=triggers_for(backend), owns_process=True,
