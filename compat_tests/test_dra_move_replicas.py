@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 
 from compat_tests.dra_support import until
+from compat_tests.kubelet import PluginCallError
 from compat_tests.test_dra_auto import RESOURCE, SETTLE, cluster
 from compat_tests.test_dra_move_holds import IN_USE, holding_node, prepare
 from plugin.serving.dra.inventory import device_name
@@ -84,8 +85,10 @@ async def test_a_device_a_claim_holds_is_advertised_by_none_of_its_replicas(
         assert sorted(i for i, d in devices.items() if not d.healthy) == replicas_of(HELD)
         for lists in kubelet.lists_received(RESOURCE):
             assert sorted(lists) == sorted(replicas_of(HELD) + replicas_of(FREE)), lists
-        with pytest.raises(Exception, match="unhealthy device IDs: 0000:3b:00.0::1"):
+        with pytest.raises(PluginCallError) as refused:
             await kubelet.allocate(RESOURCE, [f"{HELD}::1"])
+        assert refused.value.details.startswith(f"unhealthy device IDs: {HELD}::1 (held "
+                                                "through DRA by claim default/c"), refused.value
 
         api.set_claim_status("default", "c", {})  # the pod ended: deallocated
         await kubelet.wait_for_devices(RESOURCE, lambda d: len(d) == 6 and all(
