@@ -159,3 +159,18 @@ async def test_one_replica_is_the_plain_device_plugin(kubelet, plugin, tmp_path)
     assert sorted(devices) == [FIRST, SECOND]
     granted = await emulated.allocate(RESOURCE, [FIRST])
     assert "ACCELERATOR_REPLICAS" not in granted.envs
+
+
+async def test_cdi_names_a_device_once_however_many_of_its_replicas_are_given(
+        kubelet, plugin, tmp_path):
+    node, _ports = replicas_node(tmp_path)
+    emulated = await kubelet("1.29")
+    plugin(extra=[*serve_flags(node), "--cdi", "--cdi-spec-dir", str(tmp_path / "cdi"),
+                  "--device-list-strategy", "cdi"])
+    await emulated.wait_for_devices(RESOURCE, lambda d: len(d) == 6, SETTLE)
+    granted = await emulated.allocate(RESOURCE, [f"{FIRST}::0", f"{FIRST}::2"])
+    assert granted.cdi_devices == ["b-com.com/accelerator=0000-5e-00.0"]
+    assert granted.devices == []
+    specs = list((tmp_path / "cdi").glob("*"))
+    assert specs, "no CDI spec written"
+    assert all("::" not in p.read_text() for p in specs), "a replica ID in a CDI spec"
