@@ -4,8 +4,8 @@
 resource four times, as ``<device ID>::0`` .. ``<device ID>::3``; the kubelet then counts four
 allocatable units per device and gives each to a different container, which all get the
 same device nodes. This is what NVIDIA's device plugin calls time-slicing
-(``sharing.timeSlicing.resources[].replicas``, IDs ``<uuid>::<i>`` in its
-``internal/rm/device_map.go`` ``AnnotatedID``): nothing in the device enforces the share,
+(``sharing.timeSlicing.resources[].replicas``; ``internal/rm/devices.go``
+``NewAnnotatedID`` formats ``"%s::%d"``): nothing in the device enforces the share,
 the containers use the loaded function together (OPAE's shared open, XRT's multi-process
 mode), so only an admin who knows the function can be shared asks for it.
 
@@ -138,9 +138,11 @@ def device_of(advertised_id: str) -> tuple[str, int] | None:
 
 
 def replicable(device_id: str) -> bool:
-    """Whether the device's replicas can be told apart from other devices' (its ID holds no
-    separator: ``a::1``'s replica ``a::1::0`` would read as device ``a``'s replica 1 to
-    anything that strips one suffix, such as an admin or a PodResources reader)."""
+    """Whether the device's replica IDs say unambiguously which device they are of: not if
+    its ID holds the separator. ``a::1``'s replica ``a::1::0`` reads as device ``a``'s
+    replica to whatever cuts at the first ``::`` (NVIDIA's ``AnnotatedID.Split`` does,
+    ``strings.SplitN(id, "::", 2)``; so might an admin's script), and the ID ``a::1``
+    itself as a replica of ``a`` wherever both could be advertised."""
     return SEPARATOR not in device_id
 
 
