@@ -83,6 +83,7 @@ async def test_each_device_is_advertised_n_times_and_its_replicas_share_one_set_
     assert len(both.devices) == 2 * len(one.devices)
     said = [e.get("message", "") for e in daemon.entries()]
     assert any("each device advertised 3 times" in m for m in said), said
+    assert f"--replicas: each device of {RESOURCE} is advertised 3 time(s)" in said, said
 
 
 async def test_an_unhealthy_device_takes_every_replica_with_it_in_the_same_list(

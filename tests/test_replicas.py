@@ -204,3 +204,9 @@ def test_the_start_line_names_what_single_mode_advertises(caplog):
         announce(parse_replicas("b-com.com/afu-x=3"), "afu", "b-com.com/accelerator")
     assert [r.levelno for r in caplog.records] == [logging.INFO]
     assert "afu mode" in caplog.records[0].getMessage()
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        announce(parse_replicas("*=3"), "single", "b-com.com/accelerator", "dra")
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.WARNING, "--replicas has no effect with --api dra: it applies to the device "
+                          "plugin only (DRA shares devices through --dra-share)")]

@@ -69,7 +69,7 @@ def serve(settings: Settings) -> int:
     from plugin.model.replicas import announce
     from plugin.process.daemon import Daemon
 
-    announce(settings.replicas, settings.resource_mode, settings.resource_name)
+    announce(settings.replicas, settings.resource_mode, settings.resource_name, settings.api)
     probes = _probe_port(settings)
     backend = _backend(settings)
     daemon = Daemon(settings, backend, triggers=triggers_for(backend), owns_process=True,

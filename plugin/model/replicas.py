@@ -96,14 +96,20 @@ def replicas_of(setting: Iterable[ReplicaCount], resource: str) -> int:
     return counts.get(resource, counts.get(EVERY_RESOURCE, 1))
 
 
-def announce(setting: Sequence[ReplicaCount], mode: str, single_resource: str) -> None:
+def announce(setting: Sequence[ReplicaCount], mode: str, single_resource: str,
+             api: str = "device-plugin") -> None:
     """Say at start which resources the setting can reach (nothing without it).
 
     A name matching nothing is not an error (afu mode's resources follow the loaded
     functions, so one may appear later), but a mistyped name would silently share nothing:
     in single mode, where the one resource is known, a name that is not it is warned about;
-    in afu mode each resource says its count when it appears."""
+    in afu mode each resource says its count when it appears. With ``--api dra`` nothing is
+    advertised through the device plugin, which is said too."""
     if not setting:
+        return
+    if api == "dra":
+        log.warning("--replicas has no effect with --api dra: it applies to the device "
+                    "plugin only (DRA shares devices through --dra-share)")
         return
     named = [e.resource for e in setting if e.resource != EVERY_RESOURCE]
     if mode != "single":
