@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from plugin.model.allocation import ENV_DEVICES, ENV_REPLICAS, ENV_UNITS
 from plugin.model.replica_allocation import (
@@ -210,3 +212,22 @@ def test_the_start_line_names_what_single_mode_advertises(caplog):
     assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
         (logging.WARNING, "--replicas has no effect with --api dra: it applies to the device "
                           "plugin only (DRA shares devices through --dra-share)")]
+
+
+@settings(max_examples=200, deadline=None)
+@given(count=st.integers(2, 5), healthy=st.lists(st.booleans(), min_size=1, max_size=4),
+       available=st.lists(st.sampled_from(["a::0", "a::1", "b::2", "c::0", "c::4", "d::1",
+                                           "a::9", "b", "x::0", "a::01"]), max_size=12),
+       must=st.lists(st.sampled_from(["a::0", "b::1", "x::0", "c::3"]), max_size=3),
+       size=st.integers(-1, 12))
+def test_preferred_replicas_are_always_grantable(count, healthy, available, must, size):
+    devices = DeviceSet.of(port(name, numa=i % 2, healthy=ok)
+                           for i, (name, ok) in enumerate(zip("abcd", healthy, strict=False)))
+    advertised, _ = replicate(devices, count)
+    chosen = preferred_replicas(advertised, count, available, must, size)
+    assert len(chosen) == len(set(chosen)) <= max(size, 0)
+    usable = {i for i in available if (d := advertised.get(i)) is not None and d.healthy}
+    assert set(chosen) <= usable
+    assert len(chosen) == min(max(size, 0), len(usable))
+    if chosen:
+        allocate_replicas(devices, advertised, chosen)  # never refused

@@ -62,7 +62,9 @@ def allocate_replicas(devices: DeviceSet, advertised: DeviceSet,
 
 def preferred_replicas(advertised: DeviceSet, count: int, available: Sequence[str],
                        must_include: Sequence[str], size: int) -> list[str]:
-    """``size`` replica IDs from ``available``, ``must_include`` first, the rest spread.
+    """``size`` replica IDs from ``available``, ``must_include`` first, the rest spread
+    (``count`` 2 or more: a resource advertised once keeps the NUMA packing of
+    :func:`plugin.model.allocation.preferred_allocation`).
 
     Deterministic. As for unreplicated resources, never an ID that is not both available
     and a healthy advertised replica, never more than ``size``, none for a size below 1.
