@@ -51,7 +51,12 @@ class CdiNaming(Protocol):
 
 
 class Allocator(Protocol):
-    """The device logic behind Allocate and GetPreferredAllocation, owned by the plugin."""
+    """The device logic behind ListAndWatch's IDs, Allocate and GetPreferredAllocation, owned
+    by the plugin. The other calls take the real devices and the IDs as the kubelet has them."""
+
+    def advertised(self, devices: DeviceSet) -> DeviceSet:
+        """The devices as ListAndWatch lists them (with replicas, several IDs per device)."""
+        ...
 
     def allocate(self, devices: DeviceSet, requested: Sequence[str]) -> ContainerAllocation:
         """One container's share, or :class:`AllocationError` naming what is refused."""
@@ -149,7 +154,7 @@ class Adapter(ABC):
         ) -> AsyncIterator[Message]:
             log.info("%s: kubelet opened ListAndWatch (%s)", resource.resource_name, self.name)
             async for devices in resource.feed.subscribe():
-                yield self.list_response(devices)
+                yield self.list_response(resource.allocator.advertised(devices))
 
         return {"ListAndWatch": list_and_watch, "Allocate": self.allocate_behaviour(resource)}
 

@@ -63,3 +63,17 @@ def test_discover_into_a_pipe_closed_early_stops_quietly(extra) -> None:
     process.wait(timeout=60)
     assert "Traceback" not in error and "BrokenPipeError" not in error, error
     assert process.returncode == 141
+
+
+def test_the_table_says_how_many_ids_replicas_give_each_resource(tmp_path: Path) -> None:
+    build_intel_node(tmp_path)
+    result = discover(tmp_path, "--replicas", "b-com.com/accelerator=4")
+    assert result.returncode == 0, result.stderr
+    assert "b-com.com/accelerator: 6 device(s), each advertised 4 times as <ID>::0..3 " \
+           "(24 IDs)" in result.stdout.splitlines()
+    unmatched = discover(tmp_path, "--replicas", "example.com/other=2")
+    assert "--replicas matches no resource these devices are advertised under" in \
+        unmatched.stdout
+    # --json stays the device list scripts read, replicas or not.
+    as_json = discover(tmp_path, "--json", "--replicas", "*=4")
+    assert as_json.stdout == discover(tmp_path, "--json").stdout

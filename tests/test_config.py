@@ -73,6 +73,9 @@ def test_environment_sets_defaults_and_flags_win(monkeypatch: pytest.MonkeyPatch
         (["serve", "--node-name", "Node_1"], {}, "not a DNS subdomain"),
         (["serve", "--dra-driver-name", "a" * 40 + ".b" * 15], {}, "63 characters"),
         (["serve", "--api", "auto"], {"NODE_NAME": "-bad-"}, "not a DNS subdomain"),
+        (["serve", "--replicas", "b-com.com/accelerator=65"], {}, "from 1 to 64"),
+        (["serve", "--replicas", "b-com.com/accelerator"], {}, "is not RESOURCE=N"),
+        (["serve"], {"ACCELERATOR_DP_REPLICAS": "fpga=2"}, "ACCELERATOR_DP_REPLICAS"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(args, env, words) -> None:

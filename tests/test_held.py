@@ -43,3 +43,22 @@ def test_held_devices_turn_unhealthy_with_who_holds_them():
 def test_a_long_list_is_cut():
     held = Held(DEVICE_PLUGIN, {str(i): (f"pod ns/p{i} container c",) for i in range(9)})
     assert "and 4 more" in held.describe()
+
+
+def test_a_device_held_through_any_of_its_replicas_is_held():
+    listing = Listing(devices=(
+        ContainerDevices("ns", "p", "c", "b-com.com/accelerator", ("a::2",)),
+        ContainerDevices("ns", "q", "c", "b-com.com/accelerator", ("a::0", "b::7")),
+        ContainerDevices("ns", "r", "c", "b-com.com/accelerator", ("c::1", "a::01", "::3")),
+    ), claims=())
+    held = held_through_device_plugin(listing, {"b-com.com/accelerator"}, {"a", "b"})
+    assert dict(held.devices) == {"a": ("pod ns/p container c", "pod ns/q container c"),
+                                  "b": ("pod ns/q container c",)}
+    assert held.describe().startswith("2 device(s) (a, b) held through the device plugin")
+
+
+def test_a_device_whose_own_id_looks_like_a_replica_is_itself():
+    listing = Listing(devices=(
+        ContainerDevices("ns", "p", "c", "b-com.com/accelerator", ("a::1",)),), claims=())
+    held = held_through_device_plugin(listing, {"b-com.com/accelerator"}, {"a", "a::1"})
+    assert dict(held.devices) == {"a::1": ("pod ns/p container c",)}

@@ -25,6 +25,7 @@ from api_versions.negotiate import adapters
 from api_versions.wire_values import MAX_ID_BYTES, id_problem
 from compat_tests.fake_sysfs import FakeNode, build_intel_node
 from plugin.discovery.backends.intel import IntelBackend
+from plugin.serving.deviceplugin.allocator import MODEL_ALLOCATOR
 from value_types.devices import MAX_NUMA_NODES, Device, Health
 
 ADAPTERS = adapters()
@@ -45,6 +46,7 @@ class StubResource:
     def __init__(self, devices: Iterable[Device]) -> None:
         self.resource_name = "b-com.com/accelerator"
         self.feed = StubFeed(devices)
+        self.allocator = MODEL_ALLOCATOR  # every device under its own ID
 
 
 class NoAbort:

@@ -29,6 +29,7 @@ from plugin.cli.converters import (
     driver_name,
     generations,
     port_number,
+    replicas,
     resource_name,
     resource_prefix,
     socket_name,
@@ -58,6 +59,7 @@ from plugin.model.programming import (
     INTEL_LOADERS,
     PROGRAMMING_MODES,
 )
+from plugin.model.replicas import MAX_REPLICAS
 from plugin.serving.cdi import DEFAULT_SPEC_DIR
 from plugin.serving.cdi import STRATEGIES as CDI_STRATEGIES
 from plugin.serving.deviceplugin.channels import DEFAULT_REGISTRY
@@ -178,6 +180,14 @@ def _add_config_flag(parser: OneLineParser) -> None:
              "variable wins over the file)")
 
 
+def _add_replicas_flag(env: _EnvDefaults) -> None:
+    """Shared by ``serve`` and ``discover``, which shows how many IDs each resource gets."""
+    env.add("--replicas", default=(), convert=replicas, metavar="RESOURCE=N[,...]",
+            help="device plugin: advertise each device of RESOURCE (a full resource name, or "
+                 f"* for every one) N times (1 to {MAX_REPLICAS}), as <device ID>::<i>, so N "
+                 "containers share it; only for functions several users can share")
+
+
 def _add_serve_flags(parser: OneLineParser) -> None:
     env = _EnvDefaults(parser)
     env.add("--device-plugin-dir", default=DEFAULT_DIR, convert=Path,
@@ -186,6 +196,7 @@ def _add_serve_flags(parser: OneLineParser) -> None:
             help="file name of this plugin's socket in that directory")
     env.add("--api-versions", default=DEFAULT_GENERATIONS, convert=generations,
             help="generations to try, in this order (default newest first)")
+    _add_replicas_flag(env)
     env.add("--registration", default="kubelet-socket", choices=REGISTRATION_MODES,
             help="kubelet-socket: call Register on kubelet.sock (every kubelet); "
                  "plugin-watcher: a socket in --plugins-registry-dir that the kubelet finds "
@@ -300,6 +311,7 @@ def build_parser() -> OneLineParser:
     add_serve_loader_flag(_EnvDefaults(discover))
     _add_common_flags(discover)
     found = _EnvDefaults(discover)
+    _add_replicas_flag(found)
     found.add("--dra-driver-name", default=DEFAULT_DRA_DRIVER, convert=driver_name,
               help="the DRA driver whose record of loads to read")
     found.add("--dra-state-dir", default=None, convert=Path,

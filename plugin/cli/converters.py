@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 
 from plugin.cli.settings import DEFAULT_GENERATIONS
+from plugin.model.replicas import Replicas, parse_replicas
 from plugin.model.resource_names import dns_subdomain_problem, resource_name_problem
 
 
@@ -131,6 +132,13 @@ def resource_prefix(text: str) -> str:
     if problem:
         raise argparse.ArgumentTypeError(problem)
     return text
+
+
+def replicas(text: str) -> Replicas:
+    try:
+        return parse_replicas(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def boolean(text: str) -> bool:

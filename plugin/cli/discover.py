@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING
 
 from plugin.cli.sources import Origin, describe
 from plugin.model.programming import WhyNot, never_why
-from value_types.devices import Device
+from plugin.model.replicas import ReplicaCount, replicas_of
+from plugin.model.resources import group_by_resource
+from value_types.devices import Device, DeviceSet
 
 if TYPE_CHECKING:
     from plugin.programming.load_record import LoadRecord
@@ -31,10 +33,13 @@ NONE = "-"
 
 def render_table(devices: Sequence[Device], origins: Sequence[Origin] = (),
                  why_not: WhyNot = never_why, told: Mapping[str, str] | None = None,
-                 records: Mapping[str, LoadRecord] | None = None) -> str:
+                 records: Mapping[str, LoadRecord] | None = None,
+                 notes: Sequence[str] = ()) -> str:
     """Aligned columns, one line per device; a line saying so when there are none.
 
-    A last line, after a blank one, names the settings given and where from, if any were.
+    ``notes`` follow after a blank line (how many IDs each resource gets with
+    ``--replicas``). A last line, after a blank one, names the settings given and where
+    from, if any were.
     """
     rows = [_cells(d, why_not, (told or {}).get(d.id), (records or {}).get(d.id))
             for d in devices]
@@ -46,6 +51,8 @@ def render_table(devices: Sequence[Device], origins: Sequence[Origin] = (),
     lines = [line(COLUMNS), *(line(r) for r in rows)]
     if not rows:
         lines.append("(no accelerators found)")
+    if notes:
+        lines += ["", *notes]
     if origins:
         lines += ["", describe(origins)]
     return "\n".join(lines)
@@ -76,6 +83,22 @@ def _cells(device: Device, why_not: WhyNot, told: str | None,
         device.health.value,
         device.health_reason or NONE,
     )
+
+
+def replica_notes(devices: Sequence[Device], replicas: Sequence[ReplicaCount], mode: str,
+                  resource_name: str, prefix: str) -> list[str]:
+    """One line per resource that ``--replicas`` advertises more than once: how many IDs
+    the kubelet will count, so an operator sees the sharing before a pod asks."""
+    if not replicas:
+        return []
+    notes = []
+    groups = group_by_resource(DeviceSet.of(devices), mode, resource_name, prefix)
+    for name, members in groups.items():
+        count = replicas_of(replicas, name)
+        if count > 1:
+            notes.append(f"{name}: {len(members)} device(s), each advertised {count} times "
+                         f"as <ID>::0..{count - 1} ({len(members) * count} IDs)")
+    return notes or ["--replicas matches no resource these devices are advertised under"]
 
 
 def loaded(device: Device) -> str:

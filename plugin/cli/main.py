@@ -66,8 +66,10 @@ def _backend(settings: Settings) -> Backend:
 
 def serve(settings: Settings) -> int:
     from plugin.discovery.triggers import triggers_for
+    from plugin.model.replicas import announce
     from plugin.process.daemon import Daemon
 
+    announce(settings.replicas, settings.resource_mode, settings.resource_name, settings.api)
     probes = _probe_port(settings)
     backend = _backend(settings)
     daemon = Daemon(settings, backend, triggers=triggers_for(backend), owns_process=True,
@@ -93,7 +95,7 @@ def _probe_port(settings: Settings) -> ProbeServer | None:
 
 
 def discover(settings: Settings) -> int:
-    from plugin.cli.discover import render_json, render_table
+    from plugin.cli.discover import render_json, render_table, replica_notes
     from plugin.cli.sources import describe
     from plugin.discovery.monitor import DeviceMonitor
     from plugin.programming.setup import (
@@ -114,7 +116,9 @@ def discover(settings: Settings) -> int:
         if settings.origins:
             print(describe(settings.origins), file=sys.stderr)
     else:
-        print(render_table(devices, settings.origins, why_not, told, records))
+        notes = replica_notes(devices, settings.replicas, settings.resource_mode,
+                              settings.resource_name, settings.resource_prefix)
+        print(render_table(devices, settings.origins, why_not, told, records, notes))
     return 0
 
 

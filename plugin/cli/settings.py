@@ -12,6 +12,7 @@ from pathlib import Path
 from api_versions.retry import RetryPolicy
 from plugin.cli.sources import Origin
 from plugin.model.programming import DEFAULT_MAX_IMAGE_BYTES
+from plugin.model.replicas import Replicas
 from plugin.serving.cdi import DEFAULT_SPEC_DIR
 from plugin.serving.deviceplugin.channels import DEFAULT_REGISTRY
 
@@ -49,6 +50,8 @@ class Settings:
     dev_root: Path = Path("/dev")
     resource_mode: str = "single"
     resource_prefix: str = "b-com.com"
+    replicas: Replicas = ()
+    """``--replicas``: how many times each resource's devices are advertised (none: once)."""
     rescan_interval: float | None = None
     """None: 30 s while every event source listens, 5 s while one cannot."""
     health_interval: float = 0.5

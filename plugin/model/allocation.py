@@ -16,6 +16,9 @@ ENV_UNITS = "ACCELERATOR_UNITS"
 """Comma-joined allocated IDs, in request order (the b<>com plugin's variable)."""
 ENV_DEVICES = "ACCELERATOR_DEVICES"
 """Same IDs, set for PCI-addressed devices (the b<>com Intel plugin's variable, now unmangled)."""
+ENV_REPLICAS = "ACCELERATOR_REPLICAS"
+"""With ``--replicas``: the replica index of each entry of the two above, comma-joined in the
+same order (those keep listing device IDs, so a device shows once per replica held)."""
 UNITS_BACKEND = "units"
 
 T = TypeVar("T")
@@ -27,7 +30,7 @@ def allocate(devices: DeviceSet, requested: Sequence[str]) -> ContainerAllocatio
     Nothing is allocated unless every ID is known, healthy and listed once: the kubelet
     rejects the pod for good on an error, so a half-granted request would be worse than none.
     """
-    problems = _problems(devices, requested)
+    problems = refusals(devices, requested)
     if problems:
         raise AllocationError("; ".join(problems))
     chosen = tuple(devices.get(i) for i in requested)
@@ -45,7 +48,9 @@ def allocate(devices: DeviceSet, requested: Sequence[str]) -> ContainerAllocatio
     )
 
 
-def _problems(devices: DeviceSet, requested: Sequence[str]) -> list[str]:
+def refusals(devices: DeviceSet, requested: Sequence[str]) -> list[str]:
+    """Why ``requested`` cannot be granted from ``devices`` (the IDs as advertised); empty
+    when it can."""
     if not requested:
         return ["no device IDs requested"]
     if len(set(requested)) == len(requested) and all(

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from api_versions.podresources import Listing
+from plugin.model.replicas import real_ids
 from value_types.devices import DeviceSet, Health
 
 DEVICE_PLUGIN = "device-plugin"
@@ -76,15 +77,16 @@ def still_held_through_device_plugin(listing: Listing | None, before: Held,
 def held_through_device_plugin(listing: Listing, resources: Collection[str],
                                device_ids: Collection[str]) -> Held:
     """This plugin's devices (``device_ids`` of ``resources``) that containers hold through
-    the device plugin, as ``List`` reported them."""
+    the device plugin, as ``List`` reported them. A replica ID (``--replicas``) counts as
+    its device, whatever replica count the instance that granted it ran with: a device any
+    one of its replicas is held through is held."""
     found: dict[str, list[str]] = {}
     for entry in listing.devices:
         if entry.resource_name not in resources:
             continue
         holder = f"pod {entry.namespace}/{entry.pod} container {entry.container}"
-        for device_id in entry.device_ids:
-            if device_id in device_ids:
-                found.setdefault(device_id, []).append(holder)
+        for device_id in real_ids(entry.device_ids, device_ids).values():
+            found.setdefault(device_id, []).append(holder)
     return Held(DEVICE_PLUGIN, found)
 
 

@@ -267,6 +267,7 @@ class Daemon:
             registration=self.settings.registration,
             registry_dir=self.settings.plugins_registry_dir,
             gate=self.dra_side.device_plugin_may_serve if self.dra_side is not None else None,
+            replicas=self.settings.replicas,
         )
         task = asyncio.create_task(
             supervise(f"server of {name}", server.run, finished=server.stopped),

@@ -169,6 +169,10 @@ WRONG_VALUES = [
     ({"config": {"events": "always"}}, "/config/events"),
     ({"config": {"accel-nbunits": -1}}, "/config/accel-nbunits"),
     ({"config": {"socket-name": "kubelet.sock"}}, "/config/socket-name"),
+    ({"config": {"replicas": "b-com.com/accelerator=65"}}, "/config/replicas"),
+    ({"config": {"replicas": "accelerator=4"}}, "/config/replicas"),
+    ({"nodePools": [{"name": "a", "config": {"replicas": "*=0"}}]},
+     "/nodePools/0/config/replicas"),
     # Wiring the chart owns (a path or port the pod spec fixes) is not a config key.
     ({"config": {"metrics-port": 9000}}, "metrics-port"),
     ({"config": {"sysfs-root": "/sys"}}, "sysfs-root"),

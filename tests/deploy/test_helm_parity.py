@@ -124,6 +124,16 @@ def test_config_keys_are_serve_flags(name):
         assert keys <= known, f"no serve flag {sorted(keys - known)}"
 
 
+def test_replicas_given_to_the_chart_reach_serve(monkeypatch):
+    """``config.replicas`` (commented in values.yaml) is written to config.yaml as given,
+    and serve reads it as the flag; the schema takes what serve takes."""
+    objects = render({"config": {"replicas": "b-com.com/accelerator=4, *=2"}})
+    (ds,) = pools(objects)
+    assert config_file(objects, ds)["replicas"] == "b-com.com/accelerator=4, *=2"
+    settings = parse_with(chart_environment(objects, ds), monkeypatch)
+    assert [str(entry) for entry in settings.replicas] == ["b-com.com/accelerator=4", "*=2"]
+
+
 def test_the_flag_check_knows_what_serve_does_not():
     """The check can fail: names serve has no flag for are not among the known ones."""
     assert "metrics-port" in serve_flags() and "backend" in serve_flags()

@@ -34,10 +34,11 @@ from api_versions.adapter import Adapter
 from api_versions.negotiate import KUBELET_SOCKET
 from api_versions.retry import RetryPolicy
 from plugin.model.feed import DeviceFeed
+from plugin.model.replicas import Replicas, replicas_of
 from plugin.process import metrics
 from plugin.process.dirwatch import Change, DirEvent
 from plugin.serving.cdi import CdiPolicy
-from plugin.serving.deviceplugin.allocator import MODEL_ALLOCATOR
+from plugin.serving.deviceplugin.allocator import allocator_for
 from plugin.serving.deviceplugin.channels import (
     Channel,
     ChannelChooser,
@@ -75,6 +76,7 @@ class ResourceServer(SocketLifecycle, KubeletSocketChannel, WatcherChannel):
         registration: str = "kubelet-socket",
         registry_dir: Path | None = None,
         gate: Gate | None = None,
+        replicas: Replicas = (),
     ) -> None:
         self._resource_name = resource_name
         self.directory = directory
@@ -108,8 +110,13 @@ class ResourceServer(SocketLifecycle, KubeletSocketChannel, WatcherChannel):
         self._kubelet_changed = asyncio.Event()
         self.cdi: CdiPolicy | None = None
         """Set by the daemon with --cdi, before each device change is published."""
-        self.allocator = MODEL_ALLOCATOR
-        """The device model's rules the adapters apply to Allocate and preferred allocation."""
+        count = replicas_of(replicas, resource_name)
+        self.allocator = allocator_for(resource_name, count)
+        """The device model's rules the adapters apply to the IDs ListAndWatch sends, to
+        Allocate and to preferred allocation (``--replicas``: several IDs per device)."""
+        if count > 1:
+            log.info("%s: each device advertised %d times, as <device ID>::0..%d (--replicas)",
+                     resource_name, count, count - 1)
         self._gate = gate
 
     # The ServedResource protocol the adapters read.
