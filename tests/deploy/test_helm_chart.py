@@ -167,6 +167,7 @@ WRONG_VALUES = [
     ({"config": {"resource-name": "accelerator"}}, "/config/resource-name"),
     ({"config": {"cdi": "yes"}}, "/config/cdi"),
     ({"config": {"events": "always"}}, "/config/events"),
+    ({"config": {"dra-share": "aws=2"}}, "/config/dra-share"),
     ({"config": {"accel-nbunits": -1}}, "/config/accel-nbunits"),
     ({"config": {"socket-name": "kubelet.sock"}}, "/config/socket-name"),
     # Wiring the chart owns (a path or port the pod spec fixes) is not a config key.
