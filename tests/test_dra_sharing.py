@@ -105,6 +105,14 @@ def test_a_device_shares_hold_keeps_the_contexts_it_was_published_with() -> None
     assert decide(parse_shares("alveo=off"), NODE_DEVICES, holds, nothing_read, {}) == {A: 3}
 
 
+def test_a_device_a_claim_is_being_prepared_on_keeps_what_it_was_published_as() -> None:
+    """A claim loading a function makes its device shareable before the claim is recorded:
+    it must not be offered to others in between."""
+    holds = claim_holds(set(), {}, preparing={A, P})
+    assert decide(parse_shares("alveo=4,intel=2"), NODE_DEVICES, holds, nothing_read,
+                  {P: 2}) == {P: 2}
+
+
 def test_a_record_that_cannot_be_read_shares_nothing() -> None:
     assert decide(parse_shares("alveo=4"), NODE_DEVICES, UNKNOWN, nothing_read, {}) == {}
 

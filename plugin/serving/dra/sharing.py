@@ -23,9 +23,11 @@ published shared and tainted, as any device is.
 Who holds a device comes from the driver's checkpoint, as a :class:`ClaimHolds`: a device a
 claim holds whole is published whole (no new owner may join it); a device shares hold keeps
 the N it was published with, even if the setting or the image would now say otherwise, so
-a share's contexts never vanish under it. Built by :func:`claim_holds` from plain sets, which
-is all the checkpoint needs to give (:func:`holds_of`). While the record cannot be read,
-nothing is published shared.
+a share's contexts never vanish under it; a device a claim is being prepared on keeps what it
+was published as until the claim is recorded (a claim loading a shareable function must not
+see its device offered to others before it holds it). Built by :func:`claim_holds` from
+plain sets, which is all the checkpoint needs to give (:func:`holds_of`). While the record
+cannot be read, nothing is published shared.
 """
 
 from __future__ import annotations
@@ -57,6 +59,9 @@ class ClaimHolds:
 
     whole: frozenset[str] = frozenset()
     shares: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    preparing: frozenset[str] = frozenset()
+    """Devices claims are being prepared on, not recorded yet: each keeps what it was
+    published as, so a device a claim is loading for is not offered to others meanwhile."""
     unknown: bool = False
     """The record cannot be read (not yet, or not by this release): every device counts as
     held whole, so none is offered to a second owner on a guess."""
@@ -66,16 +71,19 @@ NO_HOLDS = ClaimHolds()
 UNKNOWN = ClaimHolds(unknown=True)
 
 
-def claim_holds(whole: Iterable[str], shares: Mapping[str, int]) -> ClaimHolds:
+def claim_holds(whole: Iterable[str], shares: Mapping[str, int],
+                preparing: Iterable[str] = ()) -> ClaimHolds:
     """The holds of the checkpoint's claims: devices held whole, and device ID -> contexts
-    held by shares (a device with shares is in ``shares`` even at 0 contexts)."""
-    return ClaimHolds(frozenset(whole), MappingProxyType(dict(shares)))
+    held by shares (a device with shares is in ``shares`` even at 0 contexts); and the
+    devices claims are being prepared on."""
+    return ClaimHolds(frozenset(whole), MappingProxyType(dict(shares)), frozenset(preparing))
 
 
-def holds_of(claims: Iterable[PreparedClaim]) -> ClaimHolds:
+def holds_of(claims: Iterable[PreparedClaim], preparing: Iterable[str] = ()) -> ClaimHolds:
     """What the recorded claims hold. A recorded device carries no share yet, so each is
     held whole; a share's result is to count its contexts in ``shares`` instead."""
-    return claim_holds((d.device_id for claim in claims for d in claim.devices), {})
+    return claim_holds((d.device_id for claim in claims for d in claim.devices), {},
+                       preparing)
 
 
 def decide(shares: tuple[FamilyShare, ...], devices: DeviceSet, holds: ClaimHolds,
@@ -93,6 +101,10 @@ def decide(shares: tuple[FamilyShare, ...], devices: DeviceSet, holds: ClaimHold
         if device.id in holds.shares:
             kept = before.get(device.id) or _contexts(shares, device, served) or 0
             found[device.id] = max(kept, 2, holds.shares[device.id])
+            continue
+        if device.id in holds.preparing:
+            if before.get(device.id, 0) >= 2:
+                found[device.id] = before[device.id]
             continue
         contexts = _contexts(shares, device, served)
         if contexts is not None and contexts >= 2:
@@ -142,18 +154,20 @@ class Sharing:
             republish()
         return changed
 
-    def holds(self, checkpoint: ClaimCheckpoint | None) -> ClaimHolds:
+    def holds(self, checkpoint: ClaimCheckpoint | None,
+              preparing: frozenset[str] = frozenset()) -> ClaimHolds:
         """What the claims ``checkpoint`` records hold, worked out again only when the record
-        changed; none while nothing is shared. A record not read yet is never read here
+        (or ``preparing``: the devices claims are being prepared on) changed; none while
+        nothing is shared. A record not read yet is never read here
         (only the instance holding the driver's socket reads it): until it is, and while it
         cannot be, the holds are :data:`UNKNOWN`."""
         if not self.enabled:
             return NO_HOLDS
         if checkpoint is None or checkpoint.held() is None:
             return UNKNOWN
-        key = (id(checkpoint), checkpoint.writes, checkpoint.held())
+        key = (id(checkpoint), checkpoint.writes, checkpoint.held(), preparing)
         if self._holds[0] != key:
-            self._holds = (key, holds_of(checkpoint.claims.values()))
+            self._holds = (key, holds_of(checkpoint.claims.values(), preparing))
         return self._holds[1]
 
     def contexts(self, devices: DeviceSet, holds: ClaimHolds) -> Mapping[str, int]:
