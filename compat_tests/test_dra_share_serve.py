@@ -22,15 +22,20 @@ from compat_tests.apiserver import validate
 from compat_tests.dra_support import until
 from compat_tests.fake_alveo import DEFAULT_INTERFACE_UUID as ALVEO_INTERFACE
 from compat_tests.fake_alveo import load_xclbin
+from compat_tests.fake_sysfs import DEFAULT_INTERFACE_ID
 from compat_tests.fpga_images import (
+    NLB3_AFU_ID,
     XCLBIN_UUID,
     XclbinSpec,
+    build_gbs,
     build_xclbin,
     with_compute_units,
     write_image,
 )
 from compat_tests.test_dra_programming_serve import (
     ALVEO,
+    DFL_PORT,
+    NLB3,
     NODE,
     World,
     function,
@@ -39,6 +44,8 @@ from compat_tests.test_dra_programming_serve import (
 from plugin.programming.ids import dashed
 
 OTHER_ALVEO = "pci-0000-af-00-1"
+OPAE_PORT = "pci-0000-5e-00-0"
+GBS = "intel/nlb3x5.gbs"
 OTHER_ALVEO_BDF = "0000:af:00.1"
 IMAGE = "alveo/cu3.xclbin"
 
@@ -83,6 +90,14 @@ async def by_image(tmp_path: Path, sockdir: Path, logdir: Path) -> AsyncIterator
 
 
 @pytest.fixture
+async def ports_by_image(tmp_path: Path, sockdir: Path, logdir: Path) -> AsyncIterator[World]:
+    async for world in running(tmp_path, sockdir, logdir, "--dra-share", "intel=image"):
+        write_image(world.library, GBS, build_gbs(
+            afu_ids=(NLB3_AFU_ID,), interface_id=dashed(DEFAULT_INTERFACE_ID), contexts=5))
+        yield world
+
+
+@pytest.fixture
 async def four(tmp_path: Path, sockdir: Path, logdir: Path) -> AsyncIterator[World]:
     async for world in running(tmp_path, sockdir, logdir, "--dra-share", "alveo=4",
                                "--rescan-interval", "0.2"):
@@ -110,6 +125,24 @@ async def test_a_card_holding_what_the_driver_loaded_is_shared_as_its_image_says
     assert shared(world, OTHER_ALVEO) == 0
     assert slices_valid(world)
     assert world.plugin.alive
+
+
+async def test_a_port_the_driver_loaded_is_shared_as_its_gbs_says(
+        ports_by_image: World) -> None:
+    world = ports_by_image
+    # Both ports hold an AFU, but not one this driver loaded: its image is unknown.
+    assert shared(world, DFL_PORT) == 0 and shared(world, OPAE_PORT) == 0
+    ref = world.claim("loads", DFL_PORT, function(afuID=NLB3_AFU_ID, image=GBS))
+    result = await world.prepare(ref)
+    assert result.ok, result.error
+    await until(lambda: device(world, DFL_PORT)["attributes"]["afuID"] == {"string": NLB3},
+                "the loaded AFU published")
+    assert shared(world, DFL_PORT) == 0
+    assert world.kubelet.dra is not None
+    assert (await world.kubelet.dra.unprepare([ref])).ok
+    await until(lambda: shared(world, DFL_PORT) == 5, "the port published shared with 5")
+    assert shared(world, OPAE_PORT) == 0
+    assert slices_valid(world)
 
 
 async def test_a_number_shares_every_card_holding_an_xclbin_unless_a_claim_holds_it(
