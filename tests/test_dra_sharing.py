@@ -268,3 +268,12 @@ def stored(obj: dict[str, Any], model: str) -> dict[str, Any]:
     hub, _ = decode_write("resourceslices", version, obj, server, "Strict")
     strategy.prepare_create("resourceslices", hub, server)
     return encode_read("resourceslices", version, hub, server)
+
+
+def test_what_was_decided_last_is_readable() -> None:
+    sharing = Sharing(parse_shares("alveo=3"), None, None)
+    assert sharing.published == {}
+    sharing.contexts(NODE_DEVICES, NO_HOLDS)
+    assert sharing.published == {A: 3}
+    sharing.contexts(NODE_DEVICES, claim_holds({A}, {}))
+    assert sharing.published == {}

@@ -170,6 +170,11 @@ class Sharing:
             self._holds = (key, holds_of(checkpoint.claims.values(), preparing))
         return self._holds[1]
 
+    @property
+    def published(self) -> Mapping[str, int]:
+        """Device ID -> N of the devices last decided shared (what the pool publishes)."""
+        return MappingProxyType(self._published)
+
     def contexts(self, devices: DeviceSet, holds: ClaimHolds) -> Mapping[str, int]:
         """Device ID -> N for the devices published shared now (empty: sharing is off)."""
         if not self.enabled:
