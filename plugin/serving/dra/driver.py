@@ -151,8 +151,7 @@ class DraDriver:
         """The pool of the devices now (cached per device set)."""
         devices = self.feed.current
         programmable = self.programmer.generation() if self.programmer is not None else ()
-        holds = self.sharing.holds(self._preparer.checkpoint if self._preparer else None,
-                                   self.programmer.preparing() if self.programmer else frozenset())
+        holds = self.sharing.holds(self._preparer.checkpoint if self._preparer else None)
         if self._pool is None or self._pool_devices is not devices or self._pool_held is not \
                 self.held or self._pool_programmable != programmable or self._pool_holds != holds:
             held = {device_id: DEVICE_PLUGIN for device_id in self.held.devices}

@@ -125,8 +125,11 @@ class Sharing:
     the N each device was published with, and what was said about images already."""
 
     def __init__(self, shares: tuple[FamilyShare, ...], checks: ImageChecks | None,
-                 state_dir: Path | None) -> None:
+                 state_dir: Path | None,
+                 preparing: Callable[[], frozenset[str]] = frozenset) -> None:
         self.shares = shares
+        self._preparing = preparing
+        """The devices claims are being prepared on now (the programmer's word)."""
         self.enabled = sharing_on(shares)
         self._checks = checks
         self._state_dir = state_dir
@@ -140,7 +143,8 @@ class Sharing:
         its load records (where it keeps none, ``image`` finds no image to ask)."""
         records = programmer.records.path if programmer is not None else None
         return cls(shares, programmer.checks if programmer is not None else None,
-                   records.parent if records is not None else None)
+                   records.parent if records is not None else None,
+                   programmer.preparing if programmer is not None else frozenset)
 
     def republishing(self, observer: Callable[[_T], None], republish: Callable[[], None]
                      ) -> Callable[[_T], None]:
@@ -154,17 +158,17 @@ class Sharing:
             republish()
         return changed
 
-    def holds(self, checkpoint: ClaimCheckpoint | None,
-              preparing: frozenset[str] = frozenset()) -> ClaimHolds:
+    def holds(self, checkpoint: ClaimCheckpoint | None) -> ClaimHolds:
         """What the claims ``checkpoint`` records hold, worked out again only when the record
-        (or ``preparing``: the devices claims are being prepared on) changed; none while
-        nothing is shared. A record not read yet is never read here
-        (only the instance holding the driver's socket reads it): until it is, and while it
-        cannot be, the holds are :data:`UNKNOWN`."""
+        (or the devices claims are being prepared on) changed; none while nothing is shared.
+        A record not read yet is never read here (only the instance holding the driver's
+        socket reads it): until it is, and while it cannot be, the holds are
+        :data:`UNKNOWN`."""
         if not self.enabled:
             return NO_HOLDS
         if checkpoint is None or checkpoint.held() is None:
             return UNKNOWN
+        preparing = self._preparing()
         key = (id(checkpoint), checkpoint.writes, checkpoint.held(), preparing)
         if self._holds[0] != key:
             self._holds = (key, holds_of(checkpoint.claims.values(), preparing))
