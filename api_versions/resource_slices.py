@@ -20,6 +20,14 @@ content and never the layout of the pool; otherwise at 128. A pool with more dev
 into several slices, all with the same generation and ``resourceSliceCount``; a pool with none
 still gets one empty slice, which tells the scheduler the driver is up and has nothing.
 
+Shared devices (``DraDevice.shared_contexts``, KEP-5075 consumable capacity, resource.k8s.io
+1.36 ``Device.allowMultipleAllocations`` and ``DeviceCapacity.requestPolicy``, in ``basic`` for
+v1beta1 like every device field): ``allowMultipleAllocations: true`` and a ``contexts``
+capacity of N whose policy gives a claim 1 unless it asks more, at most N. They change no
+slice limit: 128 devices a slice, 64 with taints, as for any device. A server with the
+DRAConsumableCapacity gate off (1.34, 1.35) drops both fields and stores the device as one
+allocated whole, which is what it then is.
+
 Unhealthy devices: a server that keeps device taints (gate DRADeviceTaints: alpha, off by
 default, in 1.33 to 1.35; beta and on from 1.36) gets them with a ``NoSchedule`` taint
 ``<driver>/unhealthy`` whose value says why, so nothing new is allocated on them while running
@@ -34,7 +42,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from api_versions.resource_versions import api_version, check_known
-from value_types.pool import AttributeKind, AttributeValue, DraDevice, Pool
+from value_types.pool import CONTEXTS, AttributeKind, AttributeValue, DraDevice, Pool
 
 KIND = "ResourceSlice"
 MAX_DEVICES = 128
@@ -133,9 +141,12 @@ def device_shape(version: str, device: DraDevice, driver: str) -> Obj:
     if device.attributes:
         fields["attributes"] = {name: attribute_shape(value)
                                 for name, value in device.attributes.items()}
-    if device.capacity:
-        fields["capacity"] = {name: {"value": quantity}
-                              for name, quantity in device.capacity.items()}
+    capacity: Obj = {name: {"value": quantity} for name, quantity in device.capacity.items()}
+    if device.shared_contexts:
+        fields["allowMultipleAllocations"] = True
+        capacity[CONTEXTS] = contexts_capacity(device.shared_contexts)
+    if capacity:
+        fields["capacity"] = capacity
     taints: list[Obj] = []
     if not device.healthy:
         taint: Obj = {"key": taint_key(driver), "effect": TAINT_EFFECT}
@@ -153,6 +164,15 @@ def device_shape(version: str, device: DraDevice, driver: str) -> Obj:
     if version in WRAPPED_VERSIONS:
         return {"name": device.name, "basic": fields}
     return {"name": device.name, **fields}
+
+
+def contexts_capacity(contexts: int) -> Obj:
+    """A shared device's ``contexts`` capacity: ``contexts`` in all, a claim that asks no
+    amount takes 1, and one may ask any whole number up to all of them
+    (``DeviceCapacity.requestPolicy``, KEP-5075 consumable capacity)."""
+    total = str(contexts)
+    return {"value": total, "requestPolicy": {
+        "default": "1", "validRange": {"min": "1", "max": total, "step": "1"}}}
 
 
 def device_fields(version: str, device: Mapping[str, Any]) -> Mapping[str, Any]:

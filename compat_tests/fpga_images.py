@@ -31,8 +31,10 @@ XCLBIN_UUID = "5c4ed2a3-4c52-4d6e-9d16-7a8d8b2bc7e0"
 
 def gbs_metadata(interface_id: str = SKX_INTERFACE_ID,
                  afu_ids: Sequence[str] = (NLB0_AFU_ID,), name: str = "nlb_400",
-                 version: int = 1) -> dict[str, object]:
-    """The JSON metadata OPAE's packager writes (``version`` 1 layout)."""
+                 version: int = 1, contexts: int | Sequence[int] = 1) -> dict[str, object]:
+    """The JSON metadata OPAE's packager writes (``version`` 1 layout); ``contexts`` is each
+    cluster's ``total-contexts`` (one number for all, or one per AFU ID)."""
+    counts = [contexts] * len(afu_ids) if isinstance(contexts, int) else list(contexts)
     return {
         "version": version,
         "platform-name": "pcie/ccip",
@@ -43,8 +45,8 @@ def gbs_metadata(interface_id: str = SKX_INTERFACE_ID,
             "clock-frequency-low": 156,
             "power": 50,
             "accelerator-clusters": [
-                {"name": name, "total-contexts": 1, "accelerator-type-uuid": afu}
-                for afu in afu_ids],
+                {"name": name, "total-contexts": count, "accelerator-type-uuid": afu}
+                for afu, count in zip(afu_ids, counts, strict=True)],
         },
     }
 
@@ -83,6 +85,30 @@ class XclbinSpec:
         XclbinSection(0, "bit", b"\xa5" * 2048),
         XclbinSection(6, "mem_topology", bytes(48)),
     ])
+
+
+IP_LAYOUT = 8
+IP_MB, IP_KERNEL, IP_DDR4_CONTROLLER = 0, 1, 3  # XRT's enum IP_TYPE
+
+
+def ip_layout(kernels: int, others: Sequence[int] = (IP_MB, IP_DDR4_CONTROLLER),
+              count: int | None = None) -> XclbinSection:
+    """An ``IP_LAYOUT`` section: ``kernels`` IP_KERNEL entries (compute units) among IPs of
+    the types in ``others``; ``count`` overrides ``m_count`` (for malformed sections)."""
+    types = [*others[:1], *[IP_KERNEL] * kernels, *others[1:]]
+    data = struct.pack("<i", len(types) if count is None else count) + bytes(4)
+    for index, kind in enumerate(types):
+        name = f"k{index}:k{index}_1" if kind == IP_KERNEL else f"ip{index}"
+        data += struct.pack("<IIQ", kind, 0, 0x1800000 + 0x10000 * index)
+        data += name.encode().ljust(64, b"\0")
+    return XclbinSection(IP_LAYOUT, "ip_layout", data)
+
+
+def with_compute_units(kernels: int, spec: XclbinSpec | None = None) -> XclbinSpec:
+    """``spec`` (the default one) with an ``IP_LAYOUT`` of ``kernels`` compute units."""
+    spec = spec or XclbinSpec()
+    spec.sections = [*spec.sections, ip_layout(kernels)]
+    return spec
 
 
 def build_xclbin(spec: XclbinSpec | None = None) -> bytes:

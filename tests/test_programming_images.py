@@ -102,7 +102,8 @@ def test_gbs_round_trip():
         metadata_version=1, platform_name="pcie/ccip", interface_id=SKX_HEX,
         afu_ids=(NLB0_HEX, NLB3_AFU_ID.replace("-", "")), name="nlb_400",
         magic_no=GBS_MAGIC_NO, clock_frequency_high=312.0, clock_frequency_low=156.0,
-        power=50.0, bitstream_offset=20 + length, bitstream_length=len(bitstream))
+        power=50.0, bitstream_offset=20 + length, bitstream_length=len(bitstream),
+        contexts=(1, 1))
     assert data[image.bitstream_offset:] == bitstream
     assert image.afu_id == NLB0_HEX
 

@@ -32,6 +32,7 @@ from plugin.cli.converters import (
     replicas,
     resource_name,
     resource_prefix,
+    shares,
     socket_name,
     whole_number,
 )
@@ -218,6 +219,11 @@ def _add_serve_flags(parser: OneLineParser) -> None:
     env.add("--dra-state-dir", default=None, convert=Path,
             help="where the DRA driver keeps its claim checkpoint (default "
                  f"{KUBELET_PLUGINS_DIR}/<driver name>)")
+    env.add("--dra-share", default=(), convert=shares,
+            help="families whose devices DRA publishes for sharing, FAMILY=VALUE[,...]: "
+                 "VALUE image (the contexts the held function's image serves: a GBS's "
+                 "total-contexts, an xclbin's compute units), a number of contexts, or off "
+                 "(the default); only intel and alveo can be shared")
     env.add("--pod-resources-socket", default=DEFAULT_POD_RESOURCES_SOCKET, convert=Path,
             help="the kubelet's PodResources socket (--api dra|auto): devices running "
                  "containers still hold through the other API are not offered after a move "

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from plugin.cli.settings import DEFAULT_GENERATIONS
 from plugin.model.replicas import Replicas, parse_replicas
 from plugin.model.resource_names import dns_subdomain_problem, resource_name_problem
+from plugin.serving.dra.share_setting import FamilyShare, parse_shares
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,14 @@ def resource_prefix(text: str) -> str:
 def replicas(text: str) -> Replicas:
     try:
         return parse_replicas(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def shares(text: str) -> tuple[FamilyShare, ...]:
+    """``--dra-share``: see :mod:`plugin.serving.dra.share_setting`."""
+    try:
+        return parse_shares(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

@@ -15,6 +15,7 @@ from plugin.model.programming import DEFAULT_MAX_IMAGE_BYTES
 from plugin.model.replicas import Replicas
 from plugin.serving.cdi import DEFAULT_SPEC_DIR
 from plugin.serving.deviceplugin.channels import DEFAULT_REGISTRY
+from plugin.serving.dra.share_setting import FamilyShare
 
 DEFAULT_PROGRAM_TIMEOUT = 120.0
 DEFAULT_IMAGE_LIBRARY = Path("/var/lib/accelerator-images")
@@ -72,6 +73,8 @@ class Settings:
     dra_driver_name: str = DEFAULT_DRA_DRIVER
     dra_state_dir: Path | None = None
     """None: ``/var/lib/kubelet/plugins/<driver name>``."""
+    dra_share: tuple[FamilyShare, ...] = ()
+    """``--dra-share``: per family, how many contexts a device is published shared with."""
     pod_resources_socket: Path = DEFAULT_POD_RESOURCES_SOCKET
     """The kubelet's PodResources socket: which devices running containers hold through
     the device plugin (and, 1.34+, through DRA claims), so a move never hands them out."""

@@ -187,7 +187,7 @@ class DraSide:
                                     self._loaders)
         self.driver = DraDriver(place, feed, self.cdi_ids, resources=lambda: self._resources,
                                 say_held=self._held, programmer=programmer,
-                                claim_told=self._claim_told,
+                                claim_told=self._claim_told, shares=settings.dra_share,
                                 node_conditions=self._node_conditions)
         self._watch_label(settings.node_name)
         if settings.api == "dra":

@@ -25,7 +25,8 @@ b95ab6fdcbb9455c8b3ac8a61b71b4626217fa12; 640 and 650 are accepted aliases of 1)
 ``pr/interface_id``, DFL's region ``compat_id``); each cluster's ``accelerator-type-uuid``
 is an AFU ID, what the port's ``afu_id`` reads once the image is loaded. This reader
 requires what ``metadatav1.c`` requires (``magic-no`` equal to 0x1d1f8680, the interface
-UUID, each cluster's name, context count and type UUID), treats the clock and power keys as
+UUID, each cluster's name, context count and type UUID; the counts are kept, the first
+cluster's being how many users the port's AFU serves), treats the clock and power keys as
 optional as OPAE does, and refuses further what it cannot vouch for before a load: no
 cluster at all (no AFU ID to check against the port) and the deprecated legacy format
 (no metadata; it starts with the magic number itself).
@@ -69,11 +70,21 @@ class GbsImage:
     power: float | None
     bitstream_offset: int
     bitstream_length: int
+    contexts: tuple[int, ...] = ()
+    """Each cluster's ``total-contexts``, in the order of :attr:`afu_ids`: how many users
+    (OPAE shared opens) the cluster's AFU serves at once."""
 
     @property
     def afu_id(self) -> str:
         """The first cluster's AFU ID: the one a port reports after the load."""
         return self.afu_ids[0]
+
+    @property
+    def total_contexts(self) -> int | None:
+        """The first cluster's ``total-contexts``: the port's AFU is that cluster's, so this
+        is how many users the function a port holds after the load serves (what
+        ``--dra-share intel=image`` publishes)."""
+        return self.contexts[0] if self.contexts else None
 
     def fits_interface(self, sysfs_text: str | None) -> bool:
         """True when the FME's ``pr/interface_id`` (or region ``compat_id``) is this image's."""
@@ -186,6 +197,7 @@ def _image(root: dict[str, object], offset: int, length: int) -> GbsImage:
         raise ValueError("GBS \"accelerator-clusters\" is empty: the image names no AFU")
     afu_ids: list[str] = []
     names: list[str] = []
+    contexts: list[int] = []
     for index, cluster in enumerate(clusters):
         where = f"GBS accelerator cluster {index}"
         if not isinstance(cluster, dict):
@@ -197,10 +209,11 @@ def _image(root: dict[str, object], offset: int, length: int) -> GbsImage:
         name = cluster.get("name")
         if not isinstance(name, str):
             raise ValueError(f"{where} has no string \"name\"")
-        contexts = cluster.get("total-contexts")
-        if isinstance(contexts, bool) or not isinstance(contexts, int):
+        contexts_value = cluster.get("total-contexts")
+        if isinstance(contexts_value, bool) or not isinstance(contexts_value, int):
             raise ValueError(f"{where} has no integer \"total-contexts\"")
         names.append(name)
+        contexts.append(contexts_value)
     return GbsImage(
         metadata_version=METADATA_VERSIONS[version], platform_name=platform,
         interface_id=interface, afu_ids=tuple(afu_ids),
@@ -208,7 +221,7 @@ def _image(root: dict[str, object], offset: int, length: int) -> GbsImage:
         clock_frequency_high=_number(afu, "clock-frequency-high"),
         clock_frequency_low=_number(afu, "clock-frequency-low"),
         power=_number(afu, "power"),
-        bitstream_offset=offset, bitstream_length=length)
+        bitstream_offset=offset, bitstream_length=length, contexts=tuple(contexts))
 
 
 def _number(afu: dict[str, object], key: str) -> float | None:

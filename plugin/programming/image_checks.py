@@ -114,6 +114,21 @@ class ImageChecks:
             raise ValueError(f"device {device.id} ({device.backend}) is not loaded from "
                              "image files")
 
+    def served(self, name: str, family: str) -> tuple[str, int | None]:
+        """The function image ``name`` gives a device of ``family`` (a GBS's first cluster's
+        AFU ID, an xclbin's UUID) and how many users the image says it serves (the cluster's
+        ``total-contexts``, the xclbin's compute units; None: it does not say). Read through
+        the same per-file-version memory as :meth:`check`; ValueError when it cannot be."""
+        if family == "intel":
+            gbs = self._header(name, "gbs")
+            assert isinstance(gbs, GbsImage)
+            return gbs.afu_id, gbs.total_contexts
+        if family == "alveo":
+            xclbin = self._header(name, "xclbin")
+            assert isinstance(xclbin, XclbinImage)
+            return xclbin.uuid, xclbin.compute_units
+        raise ValueError(f"{family} devices are not loaded from image files")
+
     def _header(self, name: str, kind: str) -> Header:
         """The header of ``name``, parsed once per file version.
 

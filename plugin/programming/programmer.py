@@ -154,6 +154,10 @@ class Programmer:
         for device_id in device_ids:
             self._claimed.setdefault(device_id, Counter())[uid] += 1
 
+    def preparing(self) -> frozenset[str]:
+        """Devices claims are being prepared on now (not yet recorded, or refused)."""
+        return frozenset(self._claimed)
+
     def claim_finished(self, uid: str) -> None:
         """The call preparing claim ``uid`` is over: the claim is recorded (the checkpoint
         speaks for it from now on) or refused."""

@@ -25,6 +25,18 @@ Layout from XRT's ``src/runtime_src/core/include/xclbin.h`` (Xilinx/XRT at commi
             uint32_t m_sectionKind; char m_sectionName[16]; (4 bytes padding)
             uint64_t m_sectionOffset; uint64_t m_sectionSize
 
+The compute units are counted from the ``IP_LAYOUT`` section (kind 8), the first one as
+XRT's ``get_axlf_section`` takes it, read as the same header lays it out::
+
+    struct ip_layout { int32_t m_count; (4 bytes padding) struct ip_data m_ip_data[]; }
+    struct ip_data   { uint32_t m_type;  uint32_t properties (a union);
+                       uint64_t m_base_address; uint8_t m_name[64]; }   80 bytes
+
+with ``enum IP_TYPE { IP_MB = 0, IP_KERNEL, ... }``: each ``IP_KERNEL`` entry is a kernel
+instance, a compute unit a process opens its own context on, so their number is how many
+users the xclbin serves at once (``--dra-share alveo=image``). The entries start at offset 8
+because ``ip_data`` holds a ``uint64_t``. An image with no ``IP_LAYOUT`` has no count.
+
 (The header asserts the 152- and 40-byte sizes; older headers put a ``rom_uuid``/platform
 ID union where ``m_interface_uuid`` is, which is why an all-zero interface UUID means
 "none": such an image is matched by its VBNV alone.) The UUIDs are raw bytes in
@@ -51,6 +63,15 @@ MAX_SECTIONS = 0x10000  # XCLBIN_MAX_NUM_SECTION
 BITSTREAM = 0
 BITSTREAM_PARTIAL_PDI = 19
 PDI = 18
+IP_LAYOUT = 8
+IP_KERNEL = 1
+IP_LAYOUT_HEAD = 8
+"""``m_count`` and the padding that aligns ``m_ip_data`` to 8 bytes."""
+IP_DATA = struct.Struct("<II Q 64s")
+MAX_IP_ENTRIES = 0x10000
+"""An IP layout lists a card's IPs (tens, at most a few hundred); a count beyond this is a
+corrupt section, refused before anything is read for it."""
+_IP_CHUNK = 256
 _ZERO_UUID = bytes(16)
 
 
@@ -78,6 +99,8 @@ class XclbinImage:
     mode: int
     signature_length: int
     sections: tuple[Section, ...]
+    compute_units: int | None = None
+    """``IP_KERNEL`` entries of the ``IP_LAYOUT`` section; None when the image has none."""
 
     def fits_platform(self, vbnv: str | None) -> bool:
         """True when the shell's VBNV (XRT's ``rom`` ``VBNV``) is the image's target platform."""
@@ -121,7 +144,8 @@ class XclbinImage:
 def read_xclbin(stream: BinaryIO, size: int) -> XclbinImage:
     """Parse the header and section table of the ``size``-byte xclbin open in ``stream``.
 
-    Reads the 456-byte header and 40 bytes per section, never the sections' data. Raises
+    Reads the 456-byte header, 40 bytes per section and the ``IP_LAYOUT`` section's entries,
+    never the other sections' data (the bitstream). Raises
     ValueError naming the problem for a file XRT would refuse or this reader cannot vouch for.
     """
     head = _read_exact(stream, SECTIONS_OFFSET, size, "the 456-byte header")
@@ -149,12 +173,14 @@ def read_xclbin(stream: BinaryIO, size: int) -> XclbinImage:
     table = _read_exact(stream, table_end - SECTIONS_OFFSET, size - SECTIONS_OFFSET,
                         "the section table")
     sections = tuple(_section(table, i, table_end, length) for i in range(count))
+    layout = next((s for s in sections if s.kind == IP_LAYOUT), None)
     return XclbinImage(
         uuid=uuid_raw.hex(), platform_vbnv=vbnv,
         interface_uuid=None if interface == _ZERO_UUID else interface.hex(),
         length=length, timestamp=timestamp, feature_rom_timestamp=rom_timestamp,
         version=(major, minor, patch), mode=mode,
-        signature_length=signature_length, sections=sections)
+        signature_length=signature_length, sections=sections,
+        compute_units=None if layout is None else _compute_units(stream, layout))
 
 
 def parse_xclbin(data: bytes) -> XclbinImage:
@@ -172,6 +198,34 @@ def _section(table: bytes, index: int, table_end: int, length: int) -> Section:
         raise ValueError(f"xclbin section {index} ({name!r}) starts at byte {offset}, "
                          f"inside the header or section table (which end at {table_end})")
     return Section(kind=kind, name=name, offset=offset, size=size)
+
+
+def _compute_units(stream: BinaryIO, layout: Section) -> int:
+    """The ``IP_KERNEL`` entries of ``layout``, read a chunk at a time: the count is checked
+    against the section's size (itself inside the file) before any entry is read."""
+    where = f"IP_LAYOUT section {layout.name!r}"
+    if layout.size < 4:
+        raise ValueError(f"xclbin {where} is {layout.size} bytes, too short for its count")
+    stream.seek(layout.offset)
+    head = _read_exact(stream, min(layout.size, IP_LAYOUT_HEAD), layout.size, where)
+    (entries,) = struct.unpack_from("<i", head)
+    if entries < 0:
+        raise ValueError(f"xclbin {where} declares {entries} IPs")
+    if entries > MAX_IP_ENTRIES:
+        raise ValueError(f"xclbin {where} declares {entries} IPs, over the bound "
+                         f"{MAX_IP_ENTRIES}: a corrupt section")
+    needed = IP_LAYOUT_HEAD + entries * IP_DATA.size
+    if entries and needed > layout.size:
+        raise ValueError(f"xclbin {where} declares {entries} IPs ({needed} bytes), more "
+                         f"than its {layout.size} bytes hold")
+    kernels = 0
+    left = layout.size - IP_LAYOUT_HEAD
+    for first in range(0, entries, _IP_CHUNK):
+        chunk = min(_IP_CHUNK, entries - first)
+        data = _read_exact(stream, chunk * IP_DATA.size, left, f"{where} entries")
+        left -= len(data)
+        kernels += sum(1 for (kind, *_rest) in IP_DATA.iter_unpack(data) if kind == IP_KERNEL)
+    return kernels
 
 
 def _c_string(raw: bytes, what: str) -> str:

@@ -167,6 +167,7 @@ WRONG_VALUES = [
     ({"config": {"resource-name": "accelerator"}}, "/config/resource-name"),
     ({"config": {"cdi": "yes"}}, "/config/cdi"),
     ({"config": {"events": "always"}}, "/config/events"),
+    ({"config": {"dra-share": "aws=2"}}, "/config/dra-share"),
     ({"config": {"accel-nbunits": -1}}, "/config/accel-nbunits"),
     ({"config": {"socket-name": "kubelet.sock"}}, "/config/socket-name"),
     ({"config": {"replicas": "b-com.com/accelerator=65"}}, "/config/replicas"),

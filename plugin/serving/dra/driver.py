@@ -62,6 +62,8 @@ from plugin.serving.dra.inventory import pool_of
 from plugin.serving.dra.prepare import ClaimPreparer
 from plugin.serving.dra.publisher import SlicePublisher
 from plugin.serving.dra.service import DraNodeService
+from plugin.serving.dra.share_setting import FamilyShare
+from plugin.serving.dra.sharing import Sharing
 from plugin.serving.holds import HoldWatch
 from plugin.serving.routing import FileIdentity, identity
 from value_types.claims import ClaimAllocation, ClaimRef, DeviceStatusReport
@@ -112,8 +114,11 @@ class DraDriver:
                  say_held: Callable[[str], None] | None = None,
                  programmer: Programmer | None = None,
                  claim_told: ClaimTold | None = None,
-                 node_conditions: NodeConditions = tuple) -> None:
+                 node_conditions: NodeConditions = tuple,
+                 shares: tuple[FamilyShare, ...] = ()) -> None:
         self.place = place
+        self.sharing = Sharing.of(shares, programmer)
+        """``--dra-share``: which devices are published shared, with how many contexts."""
         self._claim_told = claim_told
         """Events regarding a claim: the audit of each function it named."""
         self._node_conditions = node_conditions
@@ -133,6 +138,7 @@ class DraDriver:
         self._pool_devices: object = None
         self._pool_held: object = None
         self._pool_programmable: object = None
+        self._pool_holds: object = None
         self._preparer: ClaimPreparer | None = None
         self._health: HealthBroadcaster | None = None
         self._status: ClaimStatusReporter | None = None
@@ -145,15 +151,16 @@ class DraDriver:
         """The pool of the devices now (cached per device set)."""
         devices = self.feed.current
         programmable = self.programmer.generation() if self.programmer is not None else ()
-        if self._pool is None or self._pool_devices is not devices \
-                or self._pool_held is not self.held or self._pool_programmable != programmable:
+        holds = self.sharing.holds(self._preparer.checkpoint if self._preparer else None)
+        if self._pool is None or self._pool_devices is not devices or self._pool_held is not \
+                self.held or self._pool_programmable != programmable or self._pool_holds != holds:
             held = {device_id: DEVICE_PLUGIN for device_id in self.held.devices}
             self._pool = pool_of(self.place.driver, self.place.node, devices, held=held,
                                  programmable=self.programmer.programmable
-                                 if self.programmer is not None else never)
-            self._pool_devices = devices
-            self._pool_held = self.held
-            self._pool_programmable = programmable
+                                 if self.programmer is not None else never,
+                                 shared=self.sharing.contexts(devices, holds))
+            self._pool_devices, self._pool_held = devices, self.held
+            self._pool_programmable, self._pool_holds = programmable, holds
         return self._pool
 
     def device_names(self) -> Mapping[str, str]:
@@ -207,7 +214,9 @@ class DraDriver:
                 checkpoint, claim_specs=ClaimSpecs(
                     place.cdi_dir, place.driver,
                     lambda ids: accelerator_env(ids, self.feed.current)),
-                on_prepared=self._status.prepared, on_unprepared=self._status.unprepared,
+                on_prepared=self.sharing.republishing(self._status.prepared, self._republish),
+                on_unprepared=self.sharing.republishing(self._status.unprepared,
+                                                        self._republish),
                 held=self._held_by, programmer=self.programmer,
                 auditor=Auditor(self._claim_told), refused_in_status=self._status.refused)
             metrics.follow_dra_prepared_claims(place.driver, checkpoint.held)
@@ -401,6 +410,9 @@ class DraDriver:
         recorded = list(preparer.checkpoint.claims.values()) if owned and preparer else []
         live = await live_claims(self._api, recorded, self.place.node)
         return held_through_dra(live, listing, self.place.driver, self.device_names())
+
+    def _republish(self) -> None:
+        self._holds_changed(self.held)
 
     def _holds_changed(self, held: Held) -> None:
         self.held = held

@@ -62,8 +62,10 @@ Attributes
     match a value the device does not have.
 
 Capacity
-    None: an FPGA port, slot or card is allocated whole, and the model knows no amount
-    (memory, bandwidth) a claim could ask a part of. The mapping is there for when it does.
+    None for a device allocated whole: the model knows no amount (memory, bandwidth) a claim
+    could ask a part of. A device published for sharing (``--dra-share``) has one, its
+    ``contexts`` (:data:`~value_types.pool.CONTEXTS`): how many users its loaded function
+    serves, each share taking one unless it asks more.
 
 Health
     An unhealthy device stays in the pool with ``healthy`` False, its ``health_reason`` (the
@@ -223,11 +225,12 @@ def attributes_of(device: Device, programmable: Programmable = never
     return attributes
 
 
-def dra_device(device: Device, held_by: str = "", programmable: Programmable = never
-               ) -> DraDevice:
+def dra_device(device: Device, held_by: str = "", programmable: Programmable = never,
+               shared_contexts: int = 0) -> DraDevice:
     """``device`` as the pool lists it."""
     return DraDevice(
         held_by=held_by,
+        shared_contexts=shared_contexts,
         name=device_name(device.id),
         device_id=device.id,
         attributes=attributes_of(device, programmable),
@@ -245,13 +248,16 @@ def _check_name(what: str, value: str, limit: int) -> None:
 
 def pool_of(driver: str, node_name: str, devices: DeviceSet,
             pool_name: str | None = None, held: Mapping[str, str] | None = None,
-            programmable: Programmable = never) -> Pool:
+            programmable: Programmable = never,
+            shared: Mapping[str, int] | None = None) -> Pool:
     """The pool ``driver`` publishes for ``node_name``: every device of the snapshot.
 
     ``held``: device ID -> the API a running container still holds it through (see
     :attr:`DraDevice.held_by`). The pool is named after the node unless ``pool_name`` says
     otherwise, as the Go helper
-    names node-local pools. ``programmable``: the rule for :data:`PROGRAMMABLE`.
+    names node-local pools. ``programmable``: the rule for :data:`PROGRAMMABLE`. ``shared``:
+    device ID -> the contexts a device is published shared with
+    (:mod:`plugin.serving.dra.sharing`); the others are allocated whole.
     Raises ValueError for a driver, node or pool name the server
     would refuse (a configuration mistake, better found before publishing), or if two IDs
     got one device name (which the naming rule makes all but impossible).
@@ -263,8 +269,9 @@ def pool_of(driver: str, node_name: str, devices: DeviceSet,
         raise ValueError(f"pool name {name!r} is longer than {MAX_POOL_NAME} characters")
     for part in name.split("/"):
         _check_name("pool name part", part, MAX_POOL_NAME)
-    held = held or {}
-    listed = tuple(dra_device(d, held.get(d.id, ""), programmable) for d in devices)
+    held, shared = held or {}, shared or {}
+    listed = tuple(dra_device(d, held.get(d.id, ""), programmable, shared.get(d.id, 0))
+                   for d in devices)
     seen: dict[str, str] = {}
     for entry in listed:
         if entry.name in seen:

@@ -1,0 +1,221 @@
+"""Which devices the DRA driver publishes for sharing now, and with how many contexts.
+
+A device is published shared (``DraDevice.shared_contexts = N``, N >= 2) when its family's
+``--dra-share`` setting (:mod:`.share_setting`) gives N >= 2 for the function it holds now,
+and no claim holds it whole. Health does not enter into it: an unhealthy shared device is
+published shared and tainted, as any device is.
+
+* ``N``: every device of the family that holds a function (an Intel port's ``afuID``, an
+  Alveo card's ``xclbinUUID``) gets N contexts.
+* ``image``: the image tells N, and only the driver knows which image a device's function came
+  from: its load record (:mod:`plugin.programming.load_record`) names it, for as long as the
+  device still reports the recorded function. The header is read through the per-file-version
+  memory the claims' checks use (:class:`~plugin.programming.image_checks.ImageChecks`), so
+  a republish costs one ``stat`` per such device, and, as those checks do, a first read of a
+  header (a few hundred bytes) happens on the event loop. An image that no longer holds the
+  function the device reports (replaced in the library since), or that cannot be read, tells
+  nothing: the device is published whole, and why is logged once.
+* A device that holds nothing (an Alveo card with no xclbin; a port whose function the
+  setting cannot count) is published whole: the first claim that loads a shareable function
+  takes it whole, and once that claim is gone (without a clear) the device is published
+  shared.
+
+Who holds a device comes from the driver's checkpoint, as a :class:`ClaimHolds`: a device a
+claim holds whole is published whole (no new owner may join it); a device shares hold keeps
+the N it was published with, even if the setting or the image would now say otherwise, so
+a share's contexts never vanish under it; a device a claim is being prepared on keeps what it
+was published as until the claim is recorded (a claim loading a shareable function must not
+see its device offered to others before it holds it). Built by :func:`claim_holds` from
+plain sets, which is all the checkpoint needs to give (:func:`holds_of`). While the record
+cannot be read, nothing is published shared.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import TypeVar
+
+from plugin.programming.image_checks import ImageChecks, held_function
+from plugin.programming.load_record import LoadRecord, read_records
+from plugin.programming.programmer import Programmer
+from plugin.serving.dra.checkpoint import ClaimCheckpoint
+from plugin.serving.dra.prepared import PreparedClaim
+from plugin.serving.dra.share_setting import FamilyShare, setting_of, sharing_on
+from value_types.devices import Device, DeviceSet
+
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class ClaimHolds:
+    """Which devices prepared claims hold: ``whole`` (a result without a share) and
+    ``shares`` (device ID -> contexts its shares hold together)."""
+
+    whole: frozenset[str] = frozenset()
+    shares: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    preparing: frozenset[str] = frozenset()
+    """Devices claims are being prepared on, not recorded yet: each keeps what it was
+    published as, so a device a claim is loading for is not offered to others meanwhile."""
+    unknown: bool = False
+    """The record cannot be read (not yet, or not by this release): every device counts as
+    held whole, so none is offered to a second owner on a guess."""
+
+
+NO_HOLDS = ClaimHolds()
+UNKNOWN = ClaimHolds(unknown=True)
+
+
+def claim_holds(whole: Iterable[str], shares: Mapping[str, int],
+                preparing: Iterable[str] = ()) -> ClaimHolds:
+    """The holds of the checkpoint's claims: devices held whole, and device ID -> contexts
+    held by shares (a device with shares is in ``shares`` even at 0 contexts); and the
+    devices claims are being prepared on."""
+    return ClaimHolds(frozenset(whole), MappingProxyType(dict(shares)), frozenset(preparing))
+
+
+def holds_of(claims: Iterable[PreparedClaim], preparing: Iterable[str] = ()) -> ClaimHolds:
+    """What the recorded claims hold. A recorded device carries no share yet, so each is
+    held whole; a share's result is to count its contexts in ``shares`` instead."""
+    return claim_holds((d.device_id for claim in claims for d in claim.devices), {},
+                       preparing)
+
+
+def decide(shares: tuple[FamilyShare, ...], devices: DeviceSet, holds: ClaimHolds,
+           served: Callable[[Device], int | None], before: Mapping[str, int]
+           ) -> dict[str, int]:
+    """Device ID -> contexts for every device published shared (see the module docstring);
+    ``served(device)`` is what its image says (``image`` families), ``before`` what each
+    device was published with last."""
+    found: dict[str, int] = {}
+    if holds.unknown:
+        return {}
+    for device in devices:
+        if device.id in holds.whole:
+            continue
+        if device.id in holds.shares:
+            kept = before.get(device.id) or _contexts(shares, device, served) or 0
+            found[device.id] = max(kept, 2, holds.shares[device.id])
+            continue
+        if device.id in holds.preparing:
+            if before.get(device.id, 0) >= 2:
+                found[device.id] = before[device.id]
+            continue
+        contexts = _contexts(shares, device, served)
+        if contexts is not None and contexts >= 2:
+            found[device.id] = contexts
+    return found
+
+
+def _contexts(shares: tuple[FamilyShare, ...], device: Device,
+              served: Callable[[Device], int | None]) -> int | None:
+    setting = setting_of(shares, device.backend)
+    if setting == 0 or held_function(device) is None:
+        return None
+    return served(device) if setting is None else setting
+
+
+class Sharing:
+    """The driver's sharing decision, with what it needs to remember between publications:
+    the N each device was published with, and what was said about images already."""
+
+    def __init__(self, shares: tuple[FamilyShare, ...], checks: ImageChecks | None,
+                 state_dir: Path | None,
+                 preparing: Callable[[], frozenset[str]] = frozenset) -> None:
+        self.shares = shares
+        self._preparing = preparing
+        """The devices claims are being prepared on now (the programmer's word)."""
+        self.enabled = sharing_on(shares)
+        self._checks = checks
+        self._state_dir = state_dir
+        self._published: dict[str, int] = {}
+        self._said: set[tuple[str, str, str]] = set()
+        self._holds: tuple[object, ClaimHolds] = (None, NO_HOLDS)
+
+    @classmethod
+    def of(cls, shares: tuple[FamilyShare, ...], programmer: Programmer | None) -> Sharing:
+        """The decision for ``shares``, reading images through ``programmer``'s checks and
+        its load records (where it keeps none, ``image`` finds no image to ask)."""
+        records = programmer.records.path if programmer is not None else None
+        return cls(shares, programmer.checks if programmer is not None else None,
+                   records.parent if records is not None else None,
+                   programmer.preparing if programmer is not None else frozenset)
+
+    def republishing(self, observer: Callable[[_T], None], republish: Callable[[], None]
+                     ) -> Callable[[_T], None]:
+        """``observer`` of prepared or unprepared claims, followed by ``republish`` where
+        devices are shared: what claims hold decides whether a device is published shared."""
+        if not self.enabled:
+            return observer
+
+        def changed(claims: _T) -> None:
+            observer(claims)
+            republish()
+        return changed
+
+    def holds(self, checkpoint: ClaimCheckpoint | None) -> ClaimHolds:
+        """What the claims ``checkpoint`` records hold, worked out again only when the record
+        (or the devices claims are being prepared on) changed; none while nothing is shared.
+        A record not read yet is never read here (only the instance holding the driver's
+        socket reads it): until it is, and while it cannot be, the holds are
+        :data:`UNKNOWN`."""
+        if not self.enabled:
+            return NO_HOLDS
+        if checkpoint is None or checkpoint.held() is None:
+            return UNKNOWN
+        preparing = self._preparing()
+        key = (id(checkpoint), checkpoint.writes, checkpoint.held(), preparing)
+        if self._holds[0] != key:
+            self._holds = (key, holds_of(checkpoint.claims.values(), preparing))
+        return self._holds[1]
+
+    @property
+    def published(self) -> Mapping[str, int]:
+        """Device ID -> N of the devices last decided shared (what the pool publishes)."""
+        return MappingProxyType(self._published)
+
+    def contexts(self, devices: DeviceSet, holds: ClaimHolds) -> Mapping[str, int]:
+        """Device ID -> N for the devices published shared now (empty: sharing is off)."""
+        if not self.enabled:
+            return {}
+        records: dict[str, LoadRecord] = {}
+        if any(s.contexts is None for s in self.shares) and self._state_dir is not None:
+            records = read_records(self._state_dir)
+        found = decide(self.shares, devices, holds,
+                       lambda device: self._served(device, records.get(device.id)),
+                       self._published)
+        self._published = found
+        return found
+
+    def _served(self, device: Device, record: LoadRecord | None) -> int | None:
+        """What the image of the function ``device`` holds says it serves; None when the
+        driver did not load it (or loaded something else since) or the image cannot tell."""
+        held = held_function(device)
+        if record is None or record.image is None or held != record.function_id:
+            return None
+        if self._checks is None:
+            return None
+        try:
+            function, contexts = self._checks.served(record.image, device.backend)
+        except ValueError as exc:
+            self._say(device, record.image, f"cannot be read ({exc})")
+            return None
+        if function != held:
+            self._say(device, record.image, f"no longer holds the function the device "
+                      f"holds ({function}, not {held}): replaced in the library?")
+            return None
+        if contexts is None:
+            self._say(device, record.image, "does not say how many users it serves")
+        return contexts
+
+    def _say(self, device: Device, image: str, why: str) -> None:
+        key = (device.id, image, why)
+        if key not in self._said:
+            self._said.add(key)
+            log.warning("device %s is published whole: image %s, which it was loaded from, "
+                        "%s", device.id, image, why)
