@@ -188,7 +188,7 @@ class DraDriver:
         async def read_claim(ref: ClaimRef) -> ClaimAllocation:
             obj = await api.get_claim(ref.namespace, ref.name)
             # In the version it was read in: another call may have found another since.
-            return parse_claim(api_version_of(obj), obj)
+            return parse_claim(api_version_of(obj), obj, place.driver)
 
         async def write_status(ref: ClaimRef, reports: tuple[DeviceStatusReport, ...]) -> None:
             await api.apply_claim_status(lambda version: status_apply(version, ref, reports),

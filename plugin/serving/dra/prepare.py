@@ -260,6 +260,8 @@ class ClaimPreparer:
                 raise Refused(f"reading claim {describe(ref)} from the API server timed "
                               f"out after {self.read_timeout:g} s; the kubelet will call "
                               "again") from exc
+            except ValueError as exc:  # read, but not a claim the driver can prepare
+                raise Refused(f"claim {describe(ref)} cannot be prepared: {exc}") from exc
             except Exception as exc:
                 raise Refused(_read_failure(ref, exc)) from exc
 
