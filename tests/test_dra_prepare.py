@@ -277,7 +277,7 @@ async def test_while_the_checkpoint_is_a_newer_format_no_claim_is_answered_from_
     assert (await make(claim_specs=specs).prepare([ref("u1")]))["u1"].ok
     [spec] = (tmp_path / "cdi").iterdir()
     header, rest = checkpoint_path.read_text().split("\n", 1)
-    newer = header.replace(f'"version":{checkpoint_format.FORMAT_VERSION}', '"version":3')
+    newer = header.replace(f'"version":{checkpoint_format.FORMAT_VERSION}', '"version":4')
     checkpoint_path.write_text(newer + "\n" + rest)
     before = checkpoint_path.read_bytes()
 
@@ -286,8 +286,9 @@ async def test_while_the_checkpoint_is_a_newer_format_no_claim_is_answered_from_
     unprepared = await rolled_back.unprepare([ref("u1"), ref("never-prepared")])
     for error in [r.error for r in prepared.values()] + list(unprepared.values()):
         assert error.startswith(f"the DRA driver's claim checkpoint {checkpoint_path} cannot "
-                                "be read (format version 3, written by release"), error
-        assert "reads format version 2" in error and "the kubelet will call again" in error
+                                "be read (format version 4, written by release"), error
+        assert "reads format versions 2 and 3" in error
+        assert "the kubelet will call again" in error
     assert set(prepared) == {"u1", "u2"} and set(unprepared) == {"u1", "never-prepared"}
     assert spec.exists() and checkpoint_path.read_bytes() == before
     assert api.reads == ["claim-u1"], "nothing read for a call that cannot be recorded"
