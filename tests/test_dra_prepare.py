@@ -325,10 +325,10 @@ async def test_a_call_cancelled_while_a_worker_writes_its_specs_leaves_none(
         api.add(allocation(f"u{i}", f"fpga-{i % 8}"))
     started, real_write = threading.Event(), specs.write
 
-    def slow_write(uid, groups):
+    def slow_write(uid, groups, shares=None):
         started.set()
         time.sleep(0.01)
-        return real_write(uid, groups)
+        return real_write(uid, groups, shares)
 
     monkeypatch.setattr(specs, "write", slow_write)
     call = asyncio.create_task(preparer.prepare([ref(f"u{i}") for i in range(count)]))

@@ -16,6 +16,12 @@ ENV_UNITS = "ACCELERATOR_UNITS"
 """Comma-joined allocated IDs, in request order (the b<>com plugin's variable)."""
 ENV_DEVICES = "ACCELERATOR_DEVICES"
 """Same IDs, set for PCI-addressed devices (the b<>com Intel plugin's variable, now unmangled)."""
+ENV_SHARE_ID = "ACCELERATOR_SHARE_ID"
+"""Under DRA, for a request holding shares of devices (KEP-5075): each device's ``shareID``,
+comma-joined and aligned with :data:`ENV_DEVICES` (empty for a device held whole), so a
+process can tell its share from its neighbours' (one OPAE or XRT context per share)."""
+ENV_SHARE_CONTEXTS = "ACCELERATOR_SHARE_CONTEXTS"
+"""Beside :data:`ENV_SHARE_ID`: how many of each device's contexts the share holds."""
 UNITS_BACKEND = "units"
 
 T = TypeVar("T")

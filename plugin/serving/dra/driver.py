@@ -159,6 +159,12 @@ class DraDriver:
     def device_names(self) -> Mapping[str, str]:
         return self.pool().names
 
+    def published_contexts(self) -> Mapping[str, int]:
+        """Device ID -> contexts of each device the pool publishes shared now: a share is
+        prepared only on one of these."""
+        return {d.device_id: d.shared_contexts for d in self.pool().devices
+                if d.shared_contexts}
+
     def build(self, version: str, generation: int, node_uid: str,
               taints: bool) -> list[KubeObject]:
         return slices_for(version, self.pool(), generation, node_uid, taints)
@@ -209,7 +215,8 @@ class DraDriver:
                     lambda ids: accelerator_env(ids, self.feed.current)),
                 on_prepared=self._status.prepared, on_unprepared=self._status.unprepared,
                 held=self._held_by, programmer=self.programmer,
-                auditor=Auditor(self._claim_told), refused_in_status=self._status.refused)
+                auditor=Auditor(self._claim_told), refused_in_status=self._status.refused,
+                published_contexts=self.published_contexts)
             metrics.follow_dra_prepared_claims(place.driver, checkpoint.held)
             self._health = HealthBroadcaster(place.node, self.feed, self.device_names)
             self._follower = asyncio.create_task(self._follow_devices(),
