@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import uuid
 from pathlib import Path
 from typing import Any
@@ -288,15 +289,20 @@ async def test_a_share_of_the_function_held_is_skipped_and_another_is_refused_na
     assert entry["data"]["functionOutcome"] == "not_held"
 
 
-async def test_only_the_last_share_of_a_device_clears_it(node):
+async def test_only_the_last_share_of_a_device_clears_it(node, caplog):
+    """A share that is not the last leaves its device alone without trying: no clear
+    refused under the other shares (a warning and a ``refused`` count each time)."""
     clearing = function(NLB0_AFU_ID, "nlb0.gbs", clear=(NLB3_AFU_ID, "nlb3.gbs"))
     first, last = node.claim("first", config=clearing), node.claim("last", config=clearing)
     results = await node.preparer.prepare([first, last])
     assert all(r.ok for r in results.values()), results
 
-    assert await node.preparer.unprepare([first]) == {first.uid: ""}
-    await node.programmer.close()  # every clear started has run
+    with caplog.at_level(logging.INFO, logger="plugin.programming"):
+        assert await node.preparer.unprepare([first]) == {first.uid: ""}
+        await node.programmer.close()  # every clear started has run
     assert node.loader.jobs == [], "another share still holds the device"
+    assert not [r for r in caplog.records if r.name.startswith("plugin.programming")], \
+        "no clear tried under the other share"
 
     assert await node.preparer.unprepare([last]) == {last.uid: ""}
     await node.programmer.close()
