@@ -391,6 +391,36 @@ async def test_each_request_gets_its_environment_through_its_first_device(api, m
     assert list((tmp_path / "cdi").iterdir()) == []
 
 
+async def test_a_request_of_shares_names_each_share_aligned_with_its_devices(api, make,
+                                                                             tmp_path):
+    """Shares and a whole device in one request: the share variables line up with
+    ACCELERATOR_DEVICES, empty where a device is held whole; a repeated prepare after a
+    reboot writes the same spec back."""
+    from dataclasses import replace
+
+    specs = env_specs(tmp_path)
+    preparer = make(claim_specs=specs, published_contexts=lambda: {PCI[0]: 4, PCI[1]: 2})
+    plain = allocation("u1", "fpga-0", "fpga-1", "fpga-2")
+    first, second = "5f0c2a9e-3b1d-4c7e-8a6f-2d9e1b7c4a30", "9a7b3c2d-1e0f-4a5b-8c6d-7e8f9a0b1c2d"
+    results = (replace(plain.results[0], share_id=first, consumed_contexts=3),
+               replace(plain.results[1], share_id=second), plain.results[2])
+    api.add(replace(plain, results=results))
+    devices = (await preparer.prepare([ref("u1")]))["u1"].devices
+    assert [(d.share_id, d.contexts) for d in devices] == [(first, 3), (second, 1),
+                                                           (None, None)]
+    path = tmp_path / "cdi" / f"{DRIVER}_claim_u1.json"
+    written = path.read_text()
+    [device] = json.loads(written)["devices"]
+    assert device["containerEdits"]["env"] == [
+        f"ACCELERATOR_DEVICES={PCI[0]},{PCI[1]},{PCI[2]}",
+        "ACCELERATOR_SHARE_CONTEXTS=3,1,", f"ACCELERATOR_SHARE_ID={first},{second},",
+        f"ACCELERATOR_UNITS={PCI[0]},{PCI[1]},{PCI[2]}"]
+
+    path.unlink()  # /var/run/cdi is a tmpfs
+    assert (await preparer.prepare([ref("u1")]))["u1"].devices == devices
+    assert path.read_text() == written
+
+
 async def test_units_get_only_accelerator_units_like_allocate_gives_them(api, tmp_path, make):
     units = DeviceSet.of(Device(str(i), "units") for i in range(4))
     specs = env_specs(tmp_path, units)
