@@ -177,6 +177,12 @@ class ClaimCheckpoint:
         loaded = self._loaded
         return None if loaded is None else holdings_of(loaded.values())
 
+    def sharing_claims(self) -> list[PreparedClaim]:
+        """The recorded claims that hold a share of a device (kept as they change, so a
+        claim allocated whole is checked against these alone, not every claim)."""
+        claims = self._claims
+        return [claims[uid] for uid in self._shared]
+
     @property
     def format_version(self) -> int:
         """The major format of the file now (0: no file written or read yet)."""

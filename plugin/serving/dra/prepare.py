@@ -129,7 +129,8 @@ class ClaimPreparer:
         self.functions = FunctionStep(driver, pool_name, programmer, self._holders, auditor,
                                       refused_in_status)
         self.shares = ShareAdmission(published_contexts,
-                                     lambda: self.checkpoint.claims.values())
+                                     lambda: self.checkpoint.claims.values(),
+                                     self.checkpoint.sharing_claims)
 
     # -- prepare ---------------------------------------------------------------------------
 

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from plugin.model.allocation import name_some
 from plugin.programming.function_config import FunctionSpec
 from plugin.programming.ids import dashed
-from plugin.serving.dra.holdings import holdings_of
+from plugin.serving.dra.holdings import holdings_of, holds_a_share
 from plugin.serving.dra.prepared import PreparedClaim, describe
 from value_types.claims import ClaimRef, PreparedDevice
 
@@ -46,12 +46,16 @@ class ShareAdmission:
     """Lets a claim's devices in, or refuses the claim naming what collided.
 
     ``published_contexts()`` says which devices are published shared now, with how many
-    contexts; ``recorded()`` gives the claims the checkpoint holds."""
+    contexts; ``recorded()`` gives the claims the checkpoint holds, ``sharing()`` those of
+    them that hold a share: all a claim allocated whole must be checked against, so the
+    common case (no share anywhere) costs nothing per recorded claim."""
 
     def __init__(self, published_contexts: PublishedContexts,
-                 recorded: Callable[[], Iterable[PreparedClaim]]) -> None:
+                 recorded: Callable[[], Iterable[PreparedClaim]],
+                 sharing: Callable[[], Iterable[PreparedClaim]]) -> None:
         self._published = published_contexts
         self._recorded = recorded
+        self._sharing = sharing
         self._pending: dict[str, PreparedClaim] = {}
         """Claim UID -> the devices it was let in with, until recorded or refused."""
 
@@ -59,10 +63,16 @@ class ShareAdmission:
         """Check ``devices`` (the claim's, with their share IDs and contexts) against every
         other claim recorded or being prepared: why the claim is refused, naming each
         collision, or None. Admitted, the claim holds what it asked until :meth:`release`."""
-        others = {c.ref.uid: c for c in self._recorded() if c.ref.uid != ref.uid}
-        others.update((uid, c) for uid, c in self._pending.items() if uid != ref.uid)
+        shares = any(d.share_id for d in devices)
+        others = {c.ref.uid: c for c in (self._recorded() if shares else self._sharing())
+                  if c.ref.uid != ref.uid}
+        others.update((uid, c) for uid, c in self._pending.items()
+                      if uid != ref.uid and (shares or holds_a_share(c)))
+        if not others and not shares:
+            self._pending[ref.uid] = PreparedClaim(ref, tuple(devices))
+            return None
         held = holdings_of(others.values())
-        published = self._published() if any(d.share_id for d in devices) else {}
+        published = self._published() if shares else {}
         problems: list[str] = []
         asked: dict[str, tuple[PreparedDevice, int]] = {}
         for device in devices:
