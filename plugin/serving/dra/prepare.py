@@ -130,7 +130,7 @@ class ClaimPreparer:
                                       refused_in_status)
         self.shares = ShareAdmission(published_contexts,
                                      lambda: self.checkpoint.claims.values(),
-                                     self.checkpoint.sharing_claims)
+                                     lambda: self.checkpoint.sharing_claims())
 
     # -- prepare ---------------------------------------------------------------------------
 
