@@ -94,9 +94,19 @@ def prepare_response(wire: WireApi, claims: Sequence[ClaimRef],
             entry.error = _cut(result.error)
             continue
         for device in result.devices:
-            entry.devices.add(request_names=list(device.request_names), pool_name=device.pool,
-                              device_name=device.device, cdi_device_ids=list(device.cdi_ids))
+            added = entry.devices.add(request_names=list(device.request_names),
+                                      pool_name=device.pool, device_name=device.device,
+                                      cdi_device_ids=list(device.cdi_ids))
+            if device.share_id is not None and _carries_share_id(added):
+                added.share_id = device.share_id
     return response
+
+
+def _carries_share_id(device: Message) -> bool:
+    """Whether the service's ``Device`` has ``share_id`` (v1, read by 1.35+ kubelets, which
+    match it with the allocation's ``shareID``); v1beta1 and v1alpha3 have none, and a 1.34
+    kubelet on v1 reads past it."""
+    return "share_id" in device.DESCRIPTOR.fields_by_name
 
 
 def unprepare_response(wire: WireApi, claims: Sequence[ClaimRef],

@@ -8,6 +8,15 @@ spelt alike in the three versions (k8s.io/api ``resource/{v1,v1beta2,v1beta1}/ty
 the spec, which the driver does not need. So one reader serves all three, and checks the
 version it was told against the object's own ``apiVersion``.
 
+A result may be one share of a device published with ``allowMultipleAllocations``
+(KEP-5075, resource.k8s.io v1, v1beta2 and v1beta1 alike from 1.34): ``shareID`` (a
+``types.UID``: the scheduler writes a random UUID, and the API server accepts only the
+RFC 4122 lower-case form, k/k ``validateDeviceRequestAllocationResult``) and
+``consumedCapacity`` (capacity name -> quantity). The driver reads its own ``contexts``
+capacity as a whole number: a share is that many of the device's contexts. Both end up in
+CDI device names, environment variables and the checkpoint, so anything but a well-formed
+UUID, or a ``contexts`` that is not a positive whole number, is refused here.
+
 A claim without ``status.allocation`` is not allocated (the kubelet should not have asked; the
 driver refuses to prepare it). Anything malformed is refused with a ValueError that names the
 field, so a bad object is a clear per-claim error rather than a crash or a silent skip.
@@ -15,7 +24,9 @@ field, so a bad object is a clear per-claim error rather than a crash or a silen
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from api_versions.resource_versions import api_version, check_known
@@ -29,6 +40,20 @@ from value_types.claims import (
 KIND = "ResourceClaim"
 RESULT_FIELDS = ("request", "driver", "pool", "device")
 CONFIG_SOURCES = ("FromClass", "FromClaim")
+CONTEXTS = "contexts"
+"""The capacity a share consumes (``value_types.pool.CONTEXTS``, spelt here as the API
+server stores it)."""
+SHARE_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+"""What the API server accepts as a ``shareID`` (RFC 4122, lower case): also a DNS label."""
+MAX_CONTEXTS = 1 << 20
+"""More contexts than any device has: a bound on what is parsed, not a limit of the API."""
+_QUANTITY = re.compile(r"(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
+                       r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]{1,3})?")
+_SUFFIX = {None: Decimal(1), "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"),
+           "k": Decimal(10**3), "M": Decimal(10**6), "G": Decimal(10**9), "T": Decimal(10**12),
+           "P": Decimal(10**15), "E": Decimal(10**18), "Ki": Decimal(2**10),
+           "Mi": Decimal(2**20), "Gi": Decimal(2**30), "Ti": Decimal(2**40),
+           "Pi": Decimal(2**50), "Ei": Decimal(2**60)}
 
 
 class _Reader:
@@ -75,12 +100,15 @@ def claim_ref(version: str, obj: Mapping[str, Any]) -> ClaimRef:
                     uid=reader.text(meta, "uid", "metadata"))
 
 
-def parse_claim(version: str, obj: Mapping[str, Any]) -> ClaimAllocation:
+def parse_claim(version: str, obj: Mapping[str, Any],
+                driver: str | None = None) -> ClaimAllocation:
     """``obj`` (a ResourceClaim as the server answered in ``version``) as the driver knows it.
 
     ``allocated`` only when ``status.allocation`` exists; ``results`` in the server's order,
-    every driver's (:meth:`ClaimAllocation.results_for` picks this driver's). Raises
-    ValueError naming the field when the object is not a well-formed claim of ``version``.
+    every driver's (:meth:`ClaimAllocation.results_for` picks this driver's). The
+    ``contexts`` a share consumed is read for ``driver``'s results (every result's when
+    None): another driver's capacity of that name is its own business. Raises ValueError
+    naming the field when the object is not a well-formed claim of ``version``.
     """
     ref = claim_ref(version, obj)
     reader = _Reader(f"ResourceClaim {ref.namespace}/{ref.name} ({version})")
@@ -107,9 +135,54 @@ def parse_claim(version: str, obj: Mapping[str, Any]) -> ClaimAllocation:
         if len(parts) > 2 or not all(parts):
             raise reader.fail(f"{path}.request", f"{values['request']!r} is neither "
                               "<request> nor <request>/<subrequest>")
-        results.append(AllocationResult(**values))
+        share_id = _share_id(reader, result, path)
+        contexts = _contexts(reader, result, path) if driver in (None, values["driver"]) \
+            else None
+        results.append(AllocationResult(**values, share_id=share_id,
+                                        consumed_contexts=contexts))
     return ClaimAllocation(ref=ref, allocated=True, results=tuple(results), configs=configs,
                            **extra)
+
+
+def _share_id(reader: _Reader, result: Mapping[str, Any], path: str) -> str | None:
+    share = result.get("shareID")
+    if share is None:
+        return None
+    if not isinstance(share, str) or not SHARE_ID.fullmatch(share):
+        raise reader.fail(f"{path}.shareID", f"{share!r:.80} is not a UUID in RFC 4122 "
+                          "lower-case form (xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)")
+    return share
+
+
+def _contexts(reader: _Reader, result: Mapping[str, Any], path: str) -> int | None:
+    consumed = reader.optional(result.get("consumedCapacity"), f"{path}.consumedCapacity")
+    if consumed is None or consumed.get(CONTEXTS) is None:
+        return None
+    value = consumed[CONTEXTS]
+    count = whole_quantity(value) if isinstance(value, str) else None
+    if count is None:
+        raise reader.fail(f"{path}.consumedCapacity.{CONTEXTS}", f"{value!r:.40} is not a "
+                          f"positive whole number of contexts (at most {MAX_CONTEXTS})")
+    return count
+
+
+def whole_quantity(text: str) -> int | None:
+    """A Kubernetes quantity (``2``, ``2000m``, ``2e0``) that is a whole number from 1 to
+    :data:`MAX_CONTEXTS`, or None (k8s.io/apimachinery ``resource.Quantity`` grammar: a
+    decimal number with a binary, decimal or exponent suffix)."""
+    match = _QUANTITY.fullmatch(text) if len(text) <= 64 else None
+    if match is None:
+        return None
+    suffix = match["suffix"]
+    try:
+        scale = _SUFFIX[suffix] if suffix is None or suffix[0] not in "eE" \
+            else Decimal(10) ** int(suffix[1:])
+        value = Decimal(match["number"]) * scale
+    except (InvalidOperation, KeyError):
+        return None
+    if value != value.to_integral_value() or not 1 <= value <= MAX_CONTEXTS:
+        return None
+    return int(value)
 
 
 def request_classes(obj: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:

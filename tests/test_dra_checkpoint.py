@@ -347,7 +347,7 @@ async def newer_major(path):
     """A record of claim u1 as a release with the next major format might leave it."""
     await ClaimCheckpoint(path).commit(put=[claim("u1")])
     rest = path.read_text().split("\n", 1)[1]
-    newer = checkpoint_format.FORMAT_VERSION + 1
+    newer = max(checkpoint_format.READ_VERSIONS) + 1
     path.write_text(header_line(version=newer, minor=0, writtenBy="0.3.0") + rest)
     return newer
 
@@ -367,8 +367,7 @@ async def test_a_newer_major_format_is_refused_loudly_and_left_untouched(path, c
         with pytest.raises(CheckpointUnavailable):
             await record.commit(remove=["u1"])
     assert reason == (f"format version {newer}, written by release 0.3.0; this driver "
-                      f"(release {VERSION}) reads format version "
-                      f"{checkpoint_format.FORMAT_VERSION}")
+                      f"(release {VERSION}) reads format versions 2 and 3")
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and reason in errors[0], errors
     assert record.held() is None, "no count while it cannot be read"
@@ -452,3 +451,117 @@ def test_a_claims_functions_carry_only_the_keys_the_release_before_reads() -> No
                                               "where", "clear"}
     assert written["functionDigests"] == [{"deviceID": "0000:5e:00.0", "loaded": "ab" * 32,
                                            "pinned": "ab" * 32, "clearPinned": "cd" * 32}]
+
+
+# -- shares: major format 3 while one is recorded ---------------------------------------------
+
+SHARE = "5f0c2a9e-3b1d-4c7e-8a6f-2d9e1b7c4a30"
+
+
+def share(uid, contexts=1, share_id=SHARE, device="fpga-0", device_id="0000:5e:00.0"):
+    return claim(uid, PreparedDevice("node-1", device, device_id, ("accel",),
+                                     (f"b-com.com/accelerator={device}",), share_id, contexts))
+
+
+def header_version(path):
+    return json.loads(path.read_text().split("\n", 1)[0])["version"]
+
+
+async def test_the_first_share_rewrites_the_file_as_format_3_and_the_last_one_gone_as_2(path):
+    record = ClaimCheckpoint(path)
+    await record.commit(put=[claim("whole")])
+    assert header_version(path) == 2 and record.format_version == 2
+
+    await record.commit(put=[share("s1", 2)])
+    assert header_version(path) == 3 and record.rewrites == 2, "rewritten whole, not appended"
+    assert len(lines(path)) == 2, "header and one line holding every claim"
+
+    before = path.read_bytes()
+    await record.commit(put=[share("s2", 1, "9a7b3c2d-1e0f-4a5b-8c6d-7e8f9a0b1c2d")])
+    await record.commit(remove=["s1"])
+    assert path.read_bytes().startswith(before) and record.rewrites == 2, \
+        "while a share stays the file stays format 3 and grows by lines"
+    assert header_version(path) == 3
+
+    await record.commit(remove=["s2"])
+    assert header_version(path) == 2 and record.rewrites == 3
+    assert list(ClaimCheckpoint(path)) == ["whole"]
+    before = path.read_bytes()
+    await record.commit(put=[claim("whole-2")])
+    assert path.read_bytes().startswith(before), "format 2 again: appended as before"
+
+
+async def test_a_share_is_read_back_by_the_next_start_with_its_id_and_contexts(path):
+    await ClaimCheckpoint(path).commit(put=[share("s1", 3), claim("whole")])
+    restarted = ClaimCheckpoint(path)
+    assert restarted.format_version == 3
+    [device] = restarted.get("s1").devices
+    assert (device.share_id, device.contexts) == (SHARE, 3)
+    assert restarted.get("whole").devices[0].share_id is None
+    written = lines(path)[1]["record"]["put"]
+    assert "shareID" not in written["whole"]["devices"][0], "written only for shares"
+    assert written["s1"]["devices"][0]["shareID"] == SHARE
+
+    await restarted.commit(remove=["s1"])  # the restarted record knows s1 was the last share
+    assert header_version(path) == 2
+
+
+async def test_what_the_claims_hold_of_each_device_for_publishing(path):
+    record = ClaimCheckpoint(path, load=False)
+    assert record.device_holdings() is None, "never read for the asking"
+    record.load()
+    await record.commit(put=[
+        claim("whole", PreparedDevice("node-1", "fpga-1", "0000:5e:00.1", ("a",), ())),
+        share("s1", 2), share("s2", 1, "9a7b3c2d-1e0f-4a5b-8c6d-7e8f9a0b1c2d")])
+    holdings = record.device_holdings()
+    assert holdings.whole == {"0000:5e:00.1"}
+    assert dict(holdings.shared) == {"0000:5e:00.0": 3}
+    assert holdings.holders["0000:5e:00.0"] == ("ns/claim-s1 (s1)", "ns/claim-s2 (s2)")
+
+
+def release_reader(commit: str):
+    """``checkpoint_format`` as it was at ``commit``, taken from git history (its claim and
+    device records are read by this tree's types: what is tested is its header check)."""
+    import importlib.util
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.system_tools import GIT, needs_tool
+
+    git = needs_tool("git", GIT)
+    root = Path(__file__).resolve().parent.parent
+    found = subprocess.run([git, "-C", str(root), "show",
+                            f"{commit}:plugin/serving/dra/checkpoint_format.py"],
+                           capture_output=True, text=True)
+    if found.returncode != 0:
+        pytest.skip(f"commit {commit[:7]} is not in this repository's history: "
+                    f"{found.stderr.strip()}")
+    spec = importlib.util.spec_from_loader(f"checkpoint_format_{commit[:7]}", loader=None)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    try:
+        exec(compile(found.stdout, f"{commit[:7]}:checkpoint_format.py", "exec"),
+             module.__dict__)
+    finally:
+        del sys.modules[spec.name]
+    return module
+
+
+BEFORE_SHARES = "dd8b628cfb50c4bcccdc1a77b5c7c94ca816a07e"
+"""The last commit whose checkpoint reader knew no shares (what 0.2.0 reads)."""
+
+
+async def test_a_release_that_reads_only_format_2_refuses_a_share_and_reads_the_rest(path):
+    reader = release_reader(BEFORE_SHARES)
+    assert reader.FORMAT_VERSION == 2
+    record = ClaimCheckpoint(path)
+    await record.commit(put=[claim("whole"), share("s1", 2)])
+    with pytest.raises(reader.NewerFormat, match=(
+            f"^format version 3, written by release {VERSION}; this driver "
+            r"\(release .*\) reads format version 2$")):
+        reader.decode(path.read_bytes())
+
+    await record.commit(remove=["s1"])
+    assert list(reader.decode(path.read_bytes()).claims) == ["whole"], \
+        "without a share the file is format 2 again: a rollback reads it"

@@ -68,7 +68,27 @@ def test_every_claim_asked_gets_an_entry_with_its_devices_or_its_error(service):
     assert decoded.claims["u2"].error == "not allocated" and not decoded.claims["u2"].devices
     assert decoded.claims["u3"].error == "claim ns/claim-u3 (u3): the driver gave no answer"
     if service is dra_services.V1:
-        assert not devices[0].HasField("share_id"), "no device of ours is shared"
+        assert not devices[0].HasField("share_id"), "a device held whole has no share ID"
+
+
+SHARE = "5f0c2a9e-3b1d-4c7e-8a6f-2d9e1b7c4a30"
+
+
+@pytest.mark.parametrize("service", SERVICES, ids=IDS)
+def test_a_share_carries_its_share_id_where_the_service_has_the_field(service):
+    share = PreparedDevice("node-1", "fpga-0", "0000:5e:00.0", ("accel",),
+                           ("b-com.com/accelerator=0000-5e-00.0",), SHARE, 2)
+    response = prepare_response(service.load(), refs("u1"),
+                                {"u1": ClaimResult((share, FPGA1))})
+    decoded = service.methods()["NodePrepareResources"].response.FromString(
+        response.SerializeToString())
+    shared, whole = decoded.claims["u1"].devices
+    assert (shared.device_name, whole.device_name) == ("fpga-0", "fpga-1")
+    if service is dra_services.V1:
+        assert shared.HasField("share_id") and shared.share_id == SHARE
+        assert not whole.HasField("share_id"), "set exactly for shares"
+    else:
+        assert "share_id" not in shared.DESCRIPTOR.fields_by_name
 
 
 def test_a_prepared_claim_with_no_device_still_has_an_entry():

@@ -277,7 +277,7 @@ async def test_while_the_checkpoint_is_a_newer_format_no_claim_is_answered_from_
     assert (await make(claim_specs=specs).prepare([ref("u1")]))["u1"].ok
     [spec] = (tmp_path / "cdi").iterdir()
     header, rest = checkpoint_path.read_text().split("\n", 1)
-    newer = header.replace(f'"version":{checkpoint_format.FORMAT_VERSION}', '"version":3')
+    newer = header.replace(f'"version":{checkpoint_format.FORMAT_VERSION}', '"version":4')
     checkpoint_path.write_text(newer + "\n" + rest)
     before = checkpoint_path.read_bytes()
 
@@ -286,8 +286,9 @@ async def test_while_the_checkpoint_is_a_newer_format_no_claim_is_answered_from_
     unprepared = await rolled_back.unprepare([ref("u1"), ref("never-prepared")])
     for error in [r.error for r in prepared.values()] + list(unprepared.values()):
         assert error.startswith(f"the DRA driver's claim checkpoint {checkpoint_path} cannot "
-                                "be read (format version 3, written by release"), error
-        assert "reads format version 2" in error and "the kubelet will call again" in error
+                                "be read (format version 4, written by release"), error
+        assert "reads format versions 2 and 3" in error
+        assert "the kubelet will call again" in error
     assert set(prepared) == {"u1", "u2"} and set(unprepared) == {"u1", "never-prepared"}
     assert spec.exists() and checkpoint_path.read_bytes() == before
     assert api.reads == ["claim-u1"], "nothing read for a call that cannot be recorded"
@@ -324,10 +325,10 @@ async def test_a_call_cancelled_while_a_worker_writes_its_specs_leaves_none(
         api.add(allocation(f"u{i}", f"fpga-{i % 8}"))
     started, real_write = threading.Event(), specs.write
 
-    def slow_write(uid, groups):
+    def slow_write(uid, groups, shares=None):
         started.set()
         time.sleep(0.01)
-        return real_write(uid, groups)
+        return real_write(uid, groups, shares)
 
     monkeypatch.setattr(specs, "write", slow_write)
     call = asyncio.create_task(preparer.prepare([ref(f"u{i}") for i in range(count)]))
@@ -388,6 +389,36 @@ async def test_each_request_gets_its_environment_through_its_first_device(api, m
 
     assert await preparer.unprepare([ref("u1")]) == {"u1": ""}
     assert list((tmp_path / "cdi").iterdir()) == []
+
+
+async def test_a_request_of_shares_names_each_share_aligned_with_its_devices(api, make,
+                                                                             tmp_path):
+    """Shares and a whole device in one request: the share variables line up with
+    ACCELERATOR_DEVICES, empty where a device is held whole; a repeated prepare after a
+    reboot writes the same spec back."""
+    from dataclasses import replace
+
+    specs = env_specs(tmp_path)
+    preparer = make(claim_specs=specs, published_contexts=lambda: {PCI[0]: 4, PCI[1]: 2})
+    plain = allocation("u1", "fpga-0", "fpga-1", "fpga-2")
+    first, second = "5f0c2a9e-3b1d-4c7e-8a6f-2d9e1b7c4a30", "9a7b3c2d-1e0f-4a5b-8c6d-7e8f9a0b1c2d"
+    results = (replace(plain.results[0], share_id=first, consumed_contexts=3),
+               replace(plain.results[1], share_id=second), plain.results[2])
+    api.add(replace(plain, results=results))
+    devices = (await preparer.prepare([ref("u1")]))["u1"].devices
+    assert [(d.share_id, d.contexts) for d in devices] == [(first, 3), (second, 1),
+                                                           (None, None)]
+    path = tmp_path / "cdi" / f"{DRIVER}_claim_u1.json"
+    written = path.read_text()
+    [device] = json.loads(written)["devices"]
+    assert device["containerEdits"]["env"] == [
+        f"ACCELERATOR_DEVICES={PCI[0]},{PCI[1]},{PCI[2]}",
+        "ACCELERATOR_SHARE_CONTEXTS=3,1,", f"ACCELERATOR_SHARE_ID={first},{second},",
+        f"ACCELERATOR_UNITS={PCI[0]},{PCI[1]},{PCI[2]}"]
+
+    path.unlink()  # /var/run/cdi is a tmpfs
+    assert (await preparer.prepare([ref("u1")]))["u1"].devices == devices
+    assert path.read_text() == written
 
 
 async def test_units_get_only_accelerator_units_like_allocate_gives_them(api, tmp_path, make):

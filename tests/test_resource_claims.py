@@ -188,3 +188,65 @@ def test_the_pods_a_claim_is_reserved_for_are_read_for_the_audit(version: str) -
         {"resource": "pods", "name": "web-0", "uid": "u0"},
         {"apiGroup": "example.com", "resource": "jobs", "name": "not-a-pod", "uid": "u1"}]
     assert parse_claim(version, obj).reserved_for == ("web-0",)
+
+
+SHARE = "5f0c2a9e-3b1d-4c7e-8a6f-2d9e1b7c4a30"
+
+
+def shared(version: str, **result: Any) -> dict[str, Any]:
+    """``claim`` whose ``fpga`` result is one share of its device (KEP-5075)."""
+    results = copy.deepcopy(RESULTS)
+    results[0].update(result)
+    return claim(version, results)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_share_is_read_with_its_id_and_the_contexts_it_consumed(version: str) -> None:
+    created = claim(version)
+    allocated = shared(version, shareID=SHARE, consumedCapacity={"contexts": "2"})
+    assert validate(allocated, model="1.36", old=created, status=True) == [], \
+        "a result the 1.36 API server accepts"
+    [mine, *_] = parse_claim(version, allocated).results
+    assert (mine.share_id, mine.consumed_contexts) == (SHARE, 2)
+    assert parse_claim(version, claim(version, RESULTS)).results[0].share_id is None
+
+
+@pytest.mark.parametrize(("quantity", "count"), [("1", 1), ("3", 3), ("2000m", 2),
+                                                  ("2e0", 2), ("1k", 1000)])
+def test_the_contexts_quantity_may_be_spelt_as_any_quantity(quantity: str, count: int) -> None:
+    obj = shared("v1", shareID=SHARE, consumedCapacity={"contexts": quantity, "memory": "1Gi"})
+    assert parse_claim("v1", obj).results[0].consumed_contexts == count
+
+
+def test_a_share_without_consumed_contexts_has_none() -> None:
+    obj = shared("v1", shareID=SHARE, consumedCapacity={"memory": "1Gi"})
+    assert parse_claim("v1", obj).results[0].consumed_contexts is None
+
+
+@pytest.mark.parametrize(("result", "message"), [
+    ({"shareID": "not-a-uuid"}, r"results\[0\].shareID: 'not-a-uuid' is not a UUID"),
+    ({"shareID": SHARE.upper()}, r"results\[0\].shareID: .* is not a UUID in RFC 4122"),
+    ({"shareID": SHARE + "-" + "0" * 80}, r"results\[0\].shareID: .* is not a UUID"),
+    ({"shareID": 7}, r"results\[0\].shareID: 7 is not a UUID"),
+    ({"shareID": SHARE, "consumedCapacity": {"contexts": "1500m"}},
+     r"consumedCapacity.contexts: '1500m' is not a positive whole number of contexts"),
+    ({"shareID": SHARE, "consumedCapacity": {"contexts": "0"}},
+     r"consumedCapacity.contexts: '0' is not a positive whole number"),
+    ({"shareID": SHARE, "consumedCapacity": {"contexts": "-2"}}, r"'-2' is not a positive"),
+    ({"shareID": SHARE, "consumedCapacity": {"contexts": 2}}, r"2 is not a positive"),
+    ({"shareID": SHARE, "consumedCapacity": {"contexts": "1e9"}}, r"'1e9' is not a positive"),
+    ({"shareID": SHARE, "consumedCapacity": "2"}, r"consumedCapacity: expected an object"),
+])
+def test_a_malformed_share_is_refused_naming_the_field(result: dict[str, Any],
+                                                       message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_claim("v1", shared("v1", **result), DRIVER)
+
+
+def test_another_drivers_contexts_are_its_own_business() -> None:
+    results = copy.deepcopy(RESULTS)
+    results[2].update(shareID=SHARE, consumedCapacity={"contexts": "500m"})
+    parsed = parse_claim("v1", claim("v1", results), DRIVER)
+    assert (parsed.results[2].share_id, parsed.results[2].consumed_contexts) == (SHARE, None)
+    with pytest.raises(ValueError, match="'500m' is not a positive whole number"):
+        parse_claim("v1", claim("v1", results))

@@ -138,6 +138,12 @@ class PreparedDevice:
     """The allocation's request names, ``<request>/<subrequest>`` kept, for the record."""
     cdi_ids: tuple[str, ...]
     """Fully qualified CDI device IDs (``vendor/class=name``) the runtime injects."""
+    share_id: str | None = None
+    """The allocation's ``shareID`` when the claim holds one share of the device (what the
+    v1 response's ``Device.share_id`` and the claim status entry carry); None: whole."""
+    contexts: int | None = None
+    """The device's contexts the share holds (its consumed ``contexts``, 1 when the
+    allocation names none); None for a device held whole."""
 
     @property
     def request_names(self) -> tuple[str, ...]:
@@ -145,14 +151,30 @@ class PreparedDevice:
         return tuple(dict.fromkeys(base_request(r) for r in self.requests))
 
     def to_json(self) -> dict[str, Any]:
-        return {"pool": self.pool, "device": self.device, "deviceID": self.device_id,
-                "requests": list(self.requests), "cdiDeviceIDs": list(self.cdi_ids)}
+        """The checkpoint's device record; ``shareID`` and ``contexts`` only for a share, so
+        a record without shares reads as it always did."""
+        data: dict[str, Any] = {"pool": self.pool, "device": self.device,
+                                "deviceID": self.device_id, "requests": list(self.requests),
+                                "cdiDeviceIDs": list(self.cdi_ids)}
+        if self.share_id is not None:
+            data["shareID"] = self.share_id
+        if self.contexts is not None:
+            data["contexts"] = self.contexts
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PreparedDevice:
+        share_id = data.get("shareID")
+        if share_id is not None and (not isinstance(share_id, str) or not share_id):
+            raise ValueError(f"'shareID' is not text: {share_id!r:.60}")
+        contexts = data.get("contexts")
+        if contexts is not None and (not isinstance(contexts, int) or
+                                     isinstance(contexts, bool) or contexts < 1):
+            raise ValueError(f"'contexts' is not a positive count: {contexts!r:.20}")
         return cls(pool=text_field(data, "pool"), device=text_field(data, "device"),
                    device_id=text_field(data, "deviceID"), requests=texts_field(data, "requests"),
-                   cdi_ids=texts_field(data, "cdiDeviceIDs"))
+                   cdi_ids=texts_field(data, "cdiDeviceIDs"), share_id=share_id,
+                   contexts=contexts)
 
 
 @dataclass(frozen=True, slots=True)

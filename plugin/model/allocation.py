@@ -19,6 +19,12 @@ ENV_DEVICES = "ACCELERATOR_DEVICES"
 ENV_REPLICAS = "ACCELERATOR_REPLICAS"
 """With ``--replicas``: the replica index of each entry of the two above, comma-joined in the
 same order (those keep listing device IDs, so a device shows once per replica held)."""
+ENV_SHARE_ID = "ACCELERATOR_SHARE_ID"
+"""Under DRA, for a request holding shares of devices (KEP-5075): each device's ``shareID``,
+comma-joined and aligned with :data:`ENV_DEVICES` (empty for a device held whole), so a
+process can tell its share from its neighbours' (one OPAE or XRT context per share)."""
+ENV_SHARE_CONTEXTS = "ACCELERATOR_SHARE_CONTEXTS"
+"""Beside :data:`ENV_SHARE_ID`: how many of each device's contexts the share holds."""
 UNITS_BACKEND = "units"
 
 T = TypeVar("T")

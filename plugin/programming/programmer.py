@@ -185,6 +185,14 @@ class Programmer:
             if loading is not None and not loading.done():
                 await asyncio.wait([loading])
 
+    async def held_now(self, device_id: str) -> str | None:
+        """The function ``device_id`` holds once no load is changing it (None: the device
+        is gone, or discovery cannot tell): what a share of it must need, since a share
+        never programs."""
+        await self.settled([device_id])
+        device = self._devices().get(device_id)
+        return None if device is None else await self._held(device)
+
     def unprepared(self, uid: str, outcomes: Iterable[Outcome],
                    holders: Callable[[str], list[str]]) -> None:
         """Claim ``uid`` (whose devices got ``outcomes``) is unprepared: the function its

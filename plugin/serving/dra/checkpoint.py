@@ -16,6 +16,10 @@ journal holds more lines than it is worth (:data:`COMPACT_AFTER`, and at least a
 there are claims, so the rewrite costs O(1) per change), the next change is written as a
 whole new file instead: header and one line holding every claim, into a temporary file
 renamed over the old one on a worker thread. Readers never see a mix of two records.
+The same whole rewrite carries a change of major format (:mod:`.checkpoint_format`: 3 while
+some claim holds a share of a device, else 2): the change that records the first share, or
+removes the last, rewrites the file under the new header, so a line is never appended to
+a file whose header says another format than its records need.
 
 Why no fsync: the record only has to outlive the driver process (a pod restart between
 prepare and unprepare), and the page cache does that. A power cut takes the containers and
@@ -61,13 +65,14 @@ from types import MappingProxyType
 
 from plugin.serving.dra.checkpoint_format import (
     FORMAT_MINOR,
-    FORMAT_VERSION,
     NewerFormat,
     decode,
     header_line,
     record_line,
+    version_for,
     with_changes,
 )
+from plugin.serving.dra.holdings import DeviceHoldings, holdings_of, holds_a_share
 from plugin.serving.dra.prepared import PreparedClaim
 from plugin.serving.files import replace_atomically
 from plugin.version import VERSION
@@ -110,6 +115,10 @@ class ClaimCheckpoint:
         """Of those, whole files written."""
         self._refusal: str | None = None
         """Why the file cannot be read, while it cannot (said once per reason)."""
+        self._version = 0
+        """The major format of the file's header (0: no file yet)."""
+        self._shared: frozenset[str] = frozenset()
+        """UIDs of the claims recorded that hold a share of a device."""
         if load:
             self.load()
 
@@ -161,6 +170,24 @@ class ClaimCheckpoint:
         """A read-only view of every claim prepared, by UID."""
         return MappingProxyType(self._claims)
 
+    def device_holdings(self) -> DeviceHoldings | None:
+        """What the recorded claims hold of each device (whole, or shares' contexts), or
+        None before the file is read or while it cannot be (never reads it, as
+        :meth:`held`: only the instance holding the driver's socket reads the record)."""
+        loaded = self._loaded
+        return None if loaded is None else holdings_of(loaded.values())
+
+    def sharing_claims(self) -> list[PreparedClaim]:
+        """The recorded claims that hold a share of a device (kept as they change, so a
+        claim allocated whole is checked against these alone, not every claim)."""
+        claims = self._claims
+        return [claims[uid] for uid in self._shared]
+
+    @property
+    def format_version(self) -> int:
+        """The major format of the file now (0: no file written or read yet)."""
+        return self._version
+
     # -- writing ---------------------------------------------------------------------------
 
     async def commit(self, put: Iterable[PreparedClaim] = (),
@@ -175,22 +202,34 @@ class ClaimCheckpoint:
         remove = [uid for uid in dict.fromkeys(remove) if uid in claims]
         if not put and not remove:
             return
-        if not self._lock.locked() and self._appendable(len(put)):
+        if not self._lock.locked() and self._appendable(put, remove):
             self._append(put, remove)  # no await in it: nothing else can change the record
             return
         await asyncio.shield(self._commit(put, remove))
 
-    def _appendable(self, adding: int) -> bool:
-        return 0 < self._lines < max(COMPACT_AFTER, len(self._claims) + adding)
+    def _appendable(self, put: list[PreparedClaim], remove: list[str]) -> bool:
+        """A line will do: the file is there, not due for compaction, and its header's
+        major format is the one the record needs after the change."""
+        return 0 < self._lines < max(COMPACT_AFTER, len(self._claims) + len(put)) and \
+            version_for(bool(self._shared_after(put, remove))) == self._version
+
+    def _shared_after(self, put: list[PreparedClaim], remove: list[str]) -> frozenset[str]:
+        """The claims holding shares once the change is made (put wins over remove, as in
+        :func:`with_changes`); only the change is looked at, not every claim."""
+        changed = {claim.ref.uid for claim in put}
+        return (self._shared - set(remove) - changed) | \
+            {claim.ref.uid for claim in put if holds_a_share(claim)}
 
     async def _commit(self, put: list[PreparedClaim], remove: list[str]) -> None:
         async with self._lock:
-            if self._appendable(len(put)):
+            if self._appendable(put, remove):
                 self._append(put, remove)
                 return
             claims = with_changes(self._claims, put, remove)
-            await self._rewrite(claims)
+            shared = self._shared_after(put, remove)
+            await self._rewrite(claims, version_for(bool(shared)))
             self._loaded = claims
+            self._shared = shared
             self.writes += 1
 
     def _append(self, put: list[PreparedClaim], remove: list[str]) -> None:
@@ -205,16 +244,23 @@ class ClaimCheckpoint:
             raise CheckpointError(f"cannot write the claim checkpoint {self.path}: "
                                   f"{exc.strerror or exc}") from exc
         self._lines += 1
+        self._shared = self._shared_after(put, remove)
         self._loaded = with_changes(self._claims, put, remove)
         self.writes += 1
 
-    async def _rewrite(self, claims: dict[str, PreparedClaim]) -> None:
+    async def _rewrite(self, claims: dict[str, PreparedClaim], version: int) -> None:
         try:
-            await asyncio.to_thread(_encode_and_write, self.path, claims)
+            await asyncio.to_thread(_encode_and_write, self.path, claims, version)
         except OSError as exc:
             raise CheckpointError(f"cannot write the claim checkpoint {self.path}: "
                                   f"{exc.strerror or exc}") from exc
+        if version != self._version and self._version:
+            log.info("claim checkpoint %s rewritten as format %d: %s", self.path, version,
+                     "a claim holds a share of a device (a release reading only format 2 "
+                     "refuses it)" if version > self._version else
+                     "no claim holds a share of a device any more")
         self._lines = 1
+        self._version = version
         self.rewrites += 1
 
     # -- the file --------------------------------------------------------------------------
@@ -247,9 +293,12 @@ class ClaimCheckpoint:
         if journal.minor > FORMAT_MINOR:
             log.info("claim checkpoint %s is format %d.%d (written by %s); this driver (%s) "
                      "knows %d.%d: the fields it does not know are ignored, and dropped "
-                     "when it next rewrites the file", self.path, FORMAT_VERSION,
-                     journal.minor, journal.written_by, VERSION, FORMAT_VERSION, FORMAT_MINOR)
+                     "when it next rewrites the file", self.path, journal.version,
+                     journal.minor, journal.written_by, VERSION, journal.version, FORMAT_MINOR)
         self._lines = 0 if journal.torn else journal.lines
+        self._version = journal.version
+        self._shared = frozenset(uid for uid, claim in journal.claims.items()
+                                 if holds_a_share(claim))
         log.info("claim checkpoint %s: %d claim(s) prepared", self.path, len(journal.claims))
         return self._readable(journal.claims)
 
@@ -277,9 +326,9 @@ class ClaimCheckpoint:
         return aside
 
 
-def _encode_and_write(path: Path, claims: Mapping[str, PreparedClaim]) -> None:
+def _encode_and_write(path: Path, claims: Mapping[str, PreparedClaim], version: int) -> None:
     """On the worker thread: the claims are a snapshot of frozen values."""
-    _write_atomically(path, header_line() + record_line(1, claims, []))
+    _write_atomically(path, header_line(version) + record_line(1, claims, []))
 
 
 class _LineNotWritten(OSError):

@@ -12,6 +12,12 @@ wrote no ``minor``) and ``writtenBy`` (the release that last wrote the file whol
 for what the logs say. Each line's checksum is of its record re-serialised canonically
 (sorted keys, no spaces, ASCII), so a field a newer release added inside a record is covered
 by the checksum, verified and ignored, never taken for damage.
+
+Two major formats are written, chosen by what the file holds: 3 while some claim holds a
+share of a device, 2 otherwise (:data:`SHARED_FORMAT_VERSION`). A share changes what a
+device record means (one owner of the device among several, not its only one), so a release
+that reads only 2 must refuse the file rather than misread it; a file without shares stays
+readable by it.
 """
 
 from __future__ import annotations
@@ -26,9 +32,17 @@ from plugin.serving.dra.prepared import PreparedClaim
 from plugin.version import VERSION
 
 FORMAT_VERSION = 2
-"""The major format: bumped only when existing content changes meaning, so that a reader of
-the previous one would misread it (1: one JSON document rewritten whole on every change,
-never released)."""
+"""The major format written while no claim holds a share of a device: bumped only when
+existing content changes meaning, so that a reader of the previous one would misread it (1:
+one JSON document rewritten whole on every change, never released)."""
+SHARED_FORMAT_VERSION = 3
+"""The major format written while some claim holds a share of a device (a device record
+with ``shareID`` and ``contexts``). A reader of format 2 would take each share for the whole
+device (and, on a rollback, run a class's ``clearOnUnprepare`` under the other shares), so
+such a file must be refused by it, as 0.2.0 refuses a newer major format; once no share is
+recorded the file is rewritten as format 2, so a rollback without sharing still works."""
+READ_VERSIONS = (FORMAT_VERSION, SHARED_FORMAT_VERSION)
+"""The major formats this release reads (0.2.0 read only 2)."""
 FORMAT_MINOR = 3
 """Optional fields added within the major format (0: 0.1.0's, whose header has no ``minor``;
 1: the header's ``minor`` and ``writtenBy``; 2: a claim's ``functions``, what was done to give
@@ -53,6 +67,7 @@ class Journal:
     torn: int
     minor: int = 0
     written_by: str = "a release before 0.2.0"
+    version: int = FORMAT_VERSION
 
 
 def with_changes(claims: Mapping[str, PreparedClaim], put: list[PreparedClaim],
@@ -65,10 +80,24 @@ def with_changes(claims: Mapping[str, PreparedClaim], put: list[PreparedClaim],
     return changed
 
 
-def header_line() -> str:
-    """What 0.1.0 reads too: it checks ``kind`` and ``version`` and ignores the rest."""
-    return (f'{{"kind":{json.dumps(KIND)},"version":{FORMAT_VERSION},'
+def header_line(version: int = FORMAT_VERSION) -> str:
+    """What 0.1.0 reads too: it checks ``kind`` and ``version`` and ignores the rest.
+    ``version`` is :func:`version_for` the claims the file holds."""
+    return (f'{{"kind":{json.dumps(KIND)},"version":{version},'
             f'"minor":{FORMAT_MINOR},"writtenBy":{json.dumps(VERSION)}}}\n')
+
+
+def version_for(shares_recorded: bool) -> int:
+    """The major format of a file that records shares of devices, or none."""
+    return SHARED_FORMAT_VERSION if shares_recorded else FORMAT_VERSION
+
+
+def versions_read() -> str:
+    """``format version 2`` or ``format versions 2 and 3``: what this release reads."""
+    *first, last = READ_VERSIONS
+    if not first:
+        return f"format version {last}"
+    return f"format versions {', '.join(map(str, first))} and {last}"
 
 
 def record_line(seq: int, put: Mapping[str, PreparedClaim], remove: list[str]) -> str:
@@ -100,12 +129,12 @@ def decode(raw: bytes) -> Journal:
     written_by = document.get("writtenBy")
     written_by = (f"release {written_by:.40}" if isinstance(written_by, str)
                   else "a release before 0.2.0")
-    if version > FORMAT_VERSION:
+    if version > max(READ_VERSIONS):
         raise NewerFormat(f"format version {version}, written by {written_by}; this driver "
-                          f"(release {VERSION}) reads format version {FORMAT_VERSION}")
-    if version < FORMAT_VERSION:
+                          f"(release {VERSION}) reads {versions_read()}")
+    if version not in READ_VERSIONS:
         raise ValueError(f"format version {version}, older than any release wrote; this "
-                         f"driver reads {FORMAT_VERSION}")
+                         f"driver reads {versions_read()}")
     pieces = rest.split(b"\n")
     whole, tail = pieces[:-1], pieces[-1]  # no newline after the tail: a line cut short
     claims: dict[str, PreparedClaim] = {}
@@ -126,7 +155,8 @@ def decode(raw: bytes) -> Journal:
             raise ValueError(f"line {number}: change {record['seq']!r:.20} where change "
                              f"{good} belongs (a line lost or moved)")
         apply_record(claims, record)
-    return Journal(claims, good, len(whole) - good + (1 if tail else 0), minor, written_by)
+    return Journal(claims, good, len(whole) - good + (1 if tail else 0), minor, written_by,
+                   version)
 
 
 def header_fields(document: dict[str, Any]) -> tuple[int, int]:
@@ -134,7 +164,7 @@ def header_fields(document: dict[str, Any]) -> tuple[int, int]:
     changes what is logged), a ``version`` that is not one is damage."""
     version, minor = document.get("version"), document.get("minor", 0)
     if not isinstance(version, int) or isinstance(version, bool):
-        raise ValueError(f"format version {version!r:.20}, this driver reads {FORMAT_VERSION}")
+        raise ValueError(f"format version {version!r:.20}, this driver reads {versions_read()}")
     if not isinstance(minor, int) or isinstance(minor, bool) or minor < 0:
         minor = 0
     return version, minor

@@ -11,6 +11,10 @@ library appends the env of every injected device, and a variable set twice with 
 values is up to the runtime). The devices' own nodes stay in the per-resource specs the
 daemon writes (:mod:`plugin.serving.cdi`); this spec carries environment only.
 
+A request holding shares of devices (KEP-5075) also gets ``ACCELERATOR_SHARE_ID`` and
+``ACCELERATOR_SHARE_CONTEXTS``, aligned with its device IDs: each share is its own claim, so
+each pod on a shared device gets its own spec and sees its own share.
+
 Why per request and not per claim: a claim of several requests can serve several
 containers (KEP-5004 extended-resource claims have one request per container), and each
 must see only its own devices, as Allocate gave each container its own IDs. A container that
@@ -31,7 +35,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from plugin.model.allocation import ENV_DEVICES, ENV_UNITS, UNITS_BACKEND
+from plugin.model.allocation import (
+    ENV_DEVICES,
+    ENV_SHARE_CONTEXTS,
+    ENV_SHARE_ID,
+    ENV_UNITS,
+    UNITS_BACKEND,
+)
 from plugin.serving.cdi import device_name, kind_of
 from plugin.serving.files import replace_atomically
 from value_types.devices import DeviceSet
@@ -54,6 +64,19 @@ def accelerator_env(device_ids: Sequence[str], devices: DeviceSet) -> dict[str, 
     return env
 
 
+Share = tuple[str, int] | None
+"""A device's (share ID, contexts) in a request, or None for a device held whole."""
+
+
+def share_env(shares: Sequence[Share]) -> dict[str, str]:
+    """The share variables of a request whose devices are ``shares`` (in the order of its
+    device IDs): none when every device is held whole."""
+    if all(share is None for share in shares):
+        return {}
+    return {ENV_SHARE_ID: ",".join(share[0] if share else "" for share in shares),
+            ENV_SHARE_CONTEXTS: ",".join(str(share[1]) if share else "" for share in shares)}
+
+
 class ClaimSpecs:
     """Writes and removes the per-claim CDI specs of one driver in ``directory``.
 
@@ -72,11 +95,15 @@ class ClaimSpecs:
     def file_name(self, claim_uid: str) -> str:
         return f"{self._vendor}_{CLAIM_CLASS}_{device_name(claim_uid)}.json"
 
-    def spec(self, claim_uid: str, requests: Mapping[str, Sequence[str]]) -> dict[str, Any]:
-        """The spec of a claim whose base requests got these device IDs (in order)."""
+    def spec(self, claim_uid: str, requests: Mapping[str, Sequence[str]],
+             shares: Mapping[str, Sequence[Share]] | None = None) -> dict[str, Any]:
+        """The spec of a claim whose base requests got these device IDs (in order), and
+        these shares of them (``shares``: request -> aligned with its IDs)."""
+        shares = shares or {}
         devices = [{"name": self.device_name(claim_uid, request),
-                    "containerEdits": {"env": [f"{k}={v}" for k, v in
-                                               sorted(self._env(list(ids)).items())]}}
+                    "containerEdits": {"env": [f"{k}={v}" for k, v in sorted(
+                        {**self._env(list(ids)),
+                         **share_env(shares.get(request, ()))}.items())]}}
                    for request, ids in requests.items()]
         return {"cdiVersion": CDI_VERSION, "kind": self.kind, "devices": devices}
 
@@ -87,11 +114,12 @@ class ClaimSpecs:
         """The CDI ID of one request's environment device."""
         return f"{self.kind}={self.device_name(claim_uid, request)}"
 
-    def write(self, claim_uid: str, requests: Mapping[str, Sequence[str]]) -> str:
+    def write(self, claim_uid: str, requests: Mapping[str, Sequence[str]],
+              shares: Mapping[str, Sequence[Share]] | None = None) -> str:
         """Write the claim's spec; its file name. OSError when the directory refuses."""
         name = self.file_name(claim_uid)
         # Compact, so the C encoder does it: the write is on the kubelet's critical path.
-        text = json.dumps(self.spec(claim_uid, requests), sort_keys=True) + "\n"
+        text = json.dumps(self.spec(claim_uid, requests, shares), sort_keys=True) + "\n"
         # No fsync: claim specs matter only while the node is up (/var/run/cdi is a tmpfs).
         try:
             replace_atomically(self.directory / name, text, sync=False)

@@ -12,7 +12,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
-from plugin.serving.dra.claim_cdi import ClaimSpecs
+from plugin.serving.dra.claim_cdi import ClaimSpecs, Share
 from plugin.serving.dra.prepared import PreparedClaim, describe
 from value_types.claims import ClaimResult, PreparedDevice
 
@@ -26,7 +26,8 @@ async def write_specs(specs: ClaimSpecs | None, prepared: list[PreparedClaim],
                       results: dict[str, ClaimResult]) -> list[PreparedClaim]:
     """The claims whose spec is written (or that need none); the others get an error in
     ``results``."""
-    jobs = [(c.ref.uid, groups(c.devices)) for c in prepared if c.claim_spec is not None]
+    jobs = [(c.ref.uid, groups(c.devices), share_groups(c.devices)) for c in prepared
+            if c.claim_spec is not None]
     if specs is None or not jobs:
         return prepared
     if len(jobs) <= INLINE_FILE_OPS:
@@ -37,7 +38,7 @@ async def write_specs(specs: ClaimSpecs | None, prepared: list[PreparedClaim],
             failures = await asyncio.shield(writing)
         except asyncio.CancelledError:
             await asyncio.wait([writing])
-            await remove_specs(specs, [(uid, specs.file_name(uid)) for uid, _ in jobs])
+            await remove_specs(specs, [(uid, specs.file_name(uid)) for uid, _, _ in jobs])
             raise
     written = []
     for claim in prepared:
@@ -63,13 +64,14 @@ async def remove_specs(specs: ClaimSpecs | None,
         await asyncio.to_thread(_remove_all, specs, claims)
 
 
-def _write_all(specs: ClaimSpecs, jobs: list[tuple[str, dict[str, list[str]]]]
+def _write_all(specs: ClaimSpecs, jobs: list[tuple[str, dict[str, list[str]],
+                                                 dict[str, list[Share]]]]
                ) -> dict[str, OSError]:
     """Write each claim's spec; the ones that could not be, by claim UID."""
     failures = {}
-    for uid, device_groups in jobs:
+    for uid, device_groups, shares in jobs:
         try:
-            specs.write(uid, device_groups)
+            specs.write(uid, device_groups, shares)
         except OSError as exc:
             failures[uid] = exc
     return failures
@@ -86,4 +88,15 @@ def groups(devices: Sequence[PreparedDevice]) -> dict[str, list[str]]:
     for device in devices:
         for request in device.request_names:
             found.setdefault(request, []).append(device.device_id)
+    return found
+
+
+def share_groups(devices: Sequence[PreparedDevice]) -> dict[str, list[Share]]:
+    """Base request -> (share ID, contexts) of each of its devices, aligned with
+    :func:`groups` (None for a device held whole)."""
+    found: dict[str, list[Share]] = {}
+    for device in devices:
+        share = (device.share_id, device.contexts or 1) if device.share_id else None
+        for request in device.request_names:
+            found.setdefault(request, []).append(share)
     return found

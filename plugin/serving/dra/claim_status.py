@@ -7,6 +7,11 @@ prepared and healthy, False with reason ``DeviceUnhealthy`` and the health reaso
 while it is unhealthy, Unknown (``HealthUnknown``) while its health cannot be read; it goes back
 to True when the device recovers. ``lastTransitionTime`` moves only when the status does.
 
+A claim holding one share of a device (KEP-5075) has its own entry, keyed by the share's
+``shareID`` as the API server requires (an entry must name an allocation result, shareID
+included); its data says how many ``contexts`` the share holds. Health is the device's, so
+an unhealthy device fails every share's entry alike, each in its own claim.
+
 The writes are off the prepare path: the kubelet's answer never waits on them, and a refused
 (403: the cluster lacks the 1.36 ``resourceclaims/driver`` rule) or failed write never fails a
 claim. Each claim has at most one write in flight; a failed one is tried again with back-off
@@ -88,7 +93,15 @@ def device_data(prepared: PreparedDevice, device: Device | None) -> dict[str, An
     if prepared.cdi_ids:
         data["cdiDevices"] = list(prepared.cdi_ids)
     data["requests"] = list(prepared.requests)
+    if prepared.contexts is not None:
+        data["contexts"] = prepared.contexts
     return data
+
+
+def entry_key(device: PreparedDevice) -> str:
+    """Which entry of a claim's status a device's transitions belong to: a claim may hold
+    two shares of one device, each its own entry."""
+    return device.device if device.share_id is None else f"{device.device}@{device.share_id}"
 
 
 def _frozen(data: Mapping[str, Any]) -> tuple[tuple[str, object], ...]:
@@ -112,7 +125,7 @@ class _Claim:
     """A write is due (the claim is new, or the devices changed since the last one)."""
     written: tuple[DeviceStatusReport, ...] | None = None
     transitions: dict[str, tuple[str, str]] = field(default_factory=dict)
-    """Device name -> (Ready status, since): when the status last changed."""
+    """Entry (:func:`entry_key`) -> (Ready status, since): when the status last changed."""
     task: asyncio.Task[None] | None = None
     refusal: tuple[FunctionAudit, ...] | None = None
     """Set for a claim refused for its function: written once, not followed."""
@@ -167,8 +180,8 @@ class ClaimStatusReporter:
         records = tuple(audits)
         if not records or (ref.uid in self._claims and self._claims[ref.uid].refusal is None):
             return
-        devices = tuple(PreparedDevice(*a.device.split("/", 1), a.device_id, (), ())
-                        for a in records)
+        devices = tuple(PreparedDevice(*a.device.split("/", 1), a.device_id, (), (),
+                                       a.share_id) for a in records)
         previous = self._claims.get(ref.uid)
         known = self._claims[ref.uid] = _Claim(PreparedClaim(ref, devices), refusal=records)
         if previous is not None and previous.task is not None:
@@ -299,16 +312,17 @@ class ClaimStatusReporter:
         for prepared in known.claim.devices:
             device = devices.get(prepared.device_id)
             status, reason, message = ready_of(device)
-            previous = known.transitions.get(prepared.device)
+            entry = entry_key(prepared)
+            previous = known.transitions.get(entry)
             since = previous[1] if previous is not None and previous[0] == status else now
             if not peek:
-                known.transitions[prepared.device] = (status, since)
+                known.transitions[entry] = (status, since)
             conditions = [DeviceCondition(READY, status, reason, message, since)]
             data = device_data(prepared, device)
             outcome = self._function_of(known.claim.ref.uid, prepared.device_id)
             if outcome is not None:
                 data.update(function_data(outcome))
-                key = f"{prepared.device}/{FUNCTION_LOADED}"
+                key = f"{entry}/{FUNCTION_LOADED}"
                 since = known.transitions.get(key, ("True", now))[1]
                 if not peek:
                     known.transitions[key] = ("True", since)
@@ -317,7 +331,7 @@ class ClaimStatusReporter:
                     "Loaded" if outcome.result == "loaded" else "AlreadyLoaded",
                     outcome.message(), since))
             for kind, status, reason, message in self._node_conditions():
-                key = f"{prepared.device}/{kind}"
+                key = f"{entry}/{kind}"
                 previous = known.transitions.get(key)
                 since = previous[1] if previous is not None and previous[0] == status else now
                 if not peek:
@@ -325,7 +339,7 @@ class ClaimStatusReporter:
                 conditions.append(DeviceCondition(kind, status, reason, message, since))
             reports.append(DeviceStatusReport(
                 self.driver, prepared.pool, prepared.device, _frozen(data),
-                tuple(conditions)))
+                tuple(conditions), prepared.share_id))
         return tuple(reports)
 
 
@@ -363,5 +377,6 @@ def refusal_reports(driver: str, audits: tuple[FunctionAudit, ...], now: str
             DeviceCondition(FUNCTION_LOADED, "False",
                             CONDITION_REASONS.get(audit.outcome, "Refused"),
                             audit.detail[:4096], now))
-        reports.append(DeviceStatusReport(driver, pool, device, _frozen(data), conditions))
+        reports.append(DeviceStatusReport(driver, pool, device, _frozen(data), conditions,
+                                          audit.share_id))
     return tuple(reports)

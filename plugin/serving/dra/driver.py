@@ -166,6 +166,12 @@ class DraDriver:
     def device_names(self) -> Mapping[str, str]:
         return self.pool().names
 
+    def published_contexts(self) -> Mapping[str, int]:
+        """Device ID -> contexts of each device the pool publishes shared now: a share is
+        prepared only on one of these."""
+        return {d.device_id: d.shared_contexts for d in self.pool().devices
+                if d.shared_contexts}
+
     def build(self, version: str, generation: int, node_uid: str,
               taints: bool) -> list[KubeObject]:
         return slices_for(version, self.pool(), generation, node_uid, taints)
@@ -195,7 +201,7 @@ class DraDriver:
         async def read_claim(ref: ClaimRef) -> ClaimAllocation:
             obj = await api.get_claim(ref.namespace, ref.name)
             # In the version it was read in: another call may have found another since.
-            return parse_claim(api_version_of(obj), obj)
+            return parse_claim(api_version_of(obj), obj, place.driver)
 
         async def write_status(ref: ClaimRef, reports: tuple[DeviceStatusReport, ...]) -> None:
             await api.apply_claim_status(lambda version: status_apply(version, ref, reports),
@@ -218,7 +224,8 @@ class DraDriver:
                 on_unprepared=self.sharing.republishing(self._status.unprepared,
                                                         self._republish),
                 held=self._held_by, programmer=self.programmer,
-                auditor=Auditor(self._claim_told), refused_in_status=self._status.refused)
+                auditor=Auditor(self._claim_told), refused_in_status=self._status.refused,
+                published_contexts=self.published_contexts)
             metrics.follow_dra_prepared_claims(place.driver, checkpoint.held)
             self._health = HealthBroadcaster(place.node, self.feed, self.device_names)
             self._follower = asyncio.create_task(self._follow_devices(),

@@ -3,7 +3,8 @@
 A shared cluster's security review asks this of every load, long after the pod is gone, so
 each function a claim's configuration names leaves one record, wherever it ends: loaded,
 held already, refused (the class does not allow it, the image is wrong or its digest is not
-the pinned one, the device cannot be programmed or is held), or failed at the card. The
+the pinned one, the device cannot be programmed or is held; a share of a device that holds
+another function, ``not_held``), or failed at the card. The
 record names the claim (namespace, name, UID), the pods it is reserved for, the DeviceClass,
 the function, the image and its digest, the node, the device and the outcome, and goes to:
 
@@ -29,6 +30,9 @@ NOT_ALLOWED = "not_allowed"
 DIGEST_MISMATCH = "digest_mismatch"
 REFUSED = "refused"
 FAILED = "failed"
+NOT_HELD = "not_held"
+"""A share of a device whose function is not the one the device holds: a share never
+programs (:mod:`.shares`), so nothing is loaded."""
 
 EVENT_REASONS = {
     LOADED: "FunctionLoaded",
@@ -36,11 +40,13 @@ EVENT_REASONS = {
     DIGEST_MISMATCH: "ImageDigestMismatch",
     REFUSED: "FunctionLoadRefused",
     FAILED: "FunctionLoadFailed",
+    NOT_HELD: "FunctionNotHeld",
 }
 """The Event reason regarding the claim, per outcome (``skipped`` writes none)."""
 CONDITION_REASONS = {
     LOADED: "Loaded", SKIPPED: "AlreadyLoaded", NOT_ALLOWED: "NotAllowed",
     DIGEST_MISMATCH: "DigestMismatch", REFUSED: "Refused", FAILED: "LoadFailed",
+    NOT_HELD: "NotHeld",
 }
 """The ``FunctionLoaded`` condition's reason in the claim's status, per outcome."""
 
@@ -65,15 +71,21 @@ class FunctionAudit:
     """The DRA device name, ``<pool>/<device>``."""
     device_id: str
     detail: str
+    share_id: str | None = None
+    """Set when the claim holds one share of the device (its claim status entry is keyed
+    by it)."""
 
     @property
     def ok(self) -> bool:
         return self.outcome in (LOADED, SKIPPED)
 
     def fields(self) -> dict[str, object]:
-        """The record as the log's ``audit`` object: every field, ``pods`` as a list."""
+        """The record as the log's ``audit`` object: every field, ``pods`` as a list;
+        ``share_id`` only for a share."""
         fields = asdict(self)
         fields["pods"] = list(self.pods)
+        if self.share_id is None:
+            del fields["share_id"]
         return fields
 
     def line(self) -> str:
@@ -91,7 +103,8 @@ class FunctionAudit:
         image = f" from image {self.image}" if self.image else ""
         digest = f" (sha256 {self.sha256})" if self.sha256 else ""
         pods = f" for pod {', '.join(self.pods)}" if self.pods else ""
-        return (f"{self.outcome}: {self.function}{image}{digest} on device {self.device} "
+        share = f" share {self.share_id} of" if self.share_id else ""
+        return (f"{self.outcome}: {self.function}{image}{digest} on{share} device {self.device} "
                 f"({self.device_id}) of node {self.node}, class {self.device_class}"
                 f"{pods}: {self.detail}")
 

@@ -12,6 +12,13 @@ Health is never reported better than known: a device the pool names but discover
 have, or whose health is only the discovery watchdog's verdict (discovery stalled, so the
 device's own health is not being read), is UNKNOWN, never HEALTHY.
 
+Shares of a device (KEP-5075) need nothing of their own here: the stream's entries are keyed
+by pool and device only (``DeviceIdentifier`` has no share ID, v1 and v1alpha1 alike), and the
+kubelet applies a device's health to every container whose claim names that device
+(``healthinfo.go`` keys by driver, pool and device), so one entry per device reaches every
+share of it. The claims' own status entries, one per share, say the same health
+(:mod:`.claim_status`).
+
 One follower task per broadcaster turns feed changes into versions; any number of streams
 wait on it, each getting the newest list (a slow stream skips states, never lags behind).
 """

@@ -14,8 +14,12 @@ what a node-local driver must add):
   again under the same name), is refused;
 * every result of this driver must name this node's pool and a device the pool has now;
   other drivers' results are theirs;
+* a result that is one share of a device (KEP-5075 ``shareID``) meets the rules of
+  :mod:`.shares`: a device published shared now, never two owners, never more contexts
+  than the device has, never a load;
 * unprepare works from the checkpoint alone (the claim may be gone from the API server) and
-  is idempotent: an unknown UID was unprepared already;
+  is idempotent: an unknown UID was unprepared already; a class's ``clearOnUnprepare`` runs
+  only once no other claim holds the device (the last share of it);
 * while the checkpoint cannot be read (a newer release's major format after a rollback, a
   file that cannot be read), every claim of every call is refused, prepare and unprepare
   alike, with an error saying why: the driver cannot tell which claims it holds, so an
@@ -36,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import replace
 
 from plugin.model.allocation import name_some
 from plugin.process import metrics
@@ -43,10 +48,11 @@ from plugin.programming.programmer import Programmer
 from plugin.serving.dra.checkpoint import CheckpointError, ClaimCheckpoint
 from plugin.serving.dra.claim_cdi import ClaimSpecs
 from plugin.serving.dra.claim_spec_files import groups as _groups
-from plugin.serving.dra.claim_spec_files import remove_specs, write_specs
+from plugin.serving.dra.claim_spec_files import remove_specs, share_groups, write_specs
 from plugin.serving.dra.function_audit import Auditor
 from plugin.serving.dra.prepare_functions import FunctionStep, Refused, RefusedInStatus
 from plugin.serving.dra.prepared import PreparedClaim, describe
+from plugin.serving.dra.shares import PublishedContexts, ShareAdmission
 from value_types.claims import (
     AllocationResult,
     ClaimAllocation,
@@ -85,7 +91,8 @@ class ClaimPreparer:
     ID, as published now; ``cdi_ids(device_id)`` gives the CDI IDs of the daemon's spec for a
     device (empty when it has nothing to inject); ``read_claim(ref)`` reads the claim from
     the API server. With ``claim_specs`` each claim also gets a CDI spec carrying its
-    containers' environment.
+    containers' environment. ``published_contexts()`` names the devices published shared
+    now, with their contexts (device ID -> N; none: every device is published whole).
     """
 
     def __init__(self, driver: str, pool_name: str,
@@ -98,7 +105,8 @@ class ClaimPreparer:
                  on_unprepared: Forget | None = None,
                  held: Callable[[], Mapping[str, str]] = dict,
                  programmer: Programmer | None = None, auditor: Auditor | None = None,
-                 refused_in_status: RefusedInStatus | None = None) -> None:
+                 refused_in_status: RefusedInStatus | None = None,
+                 published_contexts: PublishedContexts = dict) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, not {concurrency}")
         self.driver = driver
@@ -120,6 +128,9 @@ class ClaimPreparer:
         that names one is refused)."""
         self.functions = FunctionStep(driver, pool_name, programmer, self._holders, auditor,
                                       refused_in_status)
+        self.shares = ShareAdmission(published_contexts,
+                                     lambda: self.checkpoint.claims.values(),
+                                     lambda: self.checkpoint.sharing_claims())
 
     # -- prepare ---------------------------------------------------------------------------
 
@@ -164,8 +175,9 @@ class ClaimPreparer:
             prepared = await self._prepare_all(list(pending.values()), timeout, results)
             await self._record(prepared, results)
         finally:
-            if self.programmer is not None:
-                for uid in pending:
+            for uid in pending:
+                self.shares.release(uid)
+                if self.programmer is not None:
                     self.programmer.claim_finished(uid)
         return results
 
@@ -176,7 +188,8 @@ class ClaimPreparer:
         if specs is not None and known.claim_spec is not None and \
                 not (specs.directory / known.claim_spec).exists():
             try:
-                await asyncio.to_thread(specs.write, known.ref.uid, _groups(known.devices))
+                await asyncio.to_thread(specs.write, known.ref.uid, _groups(known.devices),
+                                        share_groups(known.devices))
             except OSError as exc:
                 return ClaimResult(error=f"cannot write the CDI spec of claim "
                                          f"{describe(known.ref)} again: {exc.strerror or exc}")
@@ -234,6 +247,9 @@ class ClaimPreparer:
             raise Refused(f"claim {describe(ref)} is not allocated")
         results = allocation.results_for(self.driver)
         devices = self._devices(ref, results)
+        refusal = self.shares.admit(ref, devices)
+        if refusal is not None:
+            raise Refused(refusal)
         if self.programmer is not None:
             # From here until the claim is recorded or refused, no load for anyone else
             # starts on its devices, whether or not it names a function.
@@ -260,6 +276,8 @@ class ClaimPreparer:
                 raise Refused(f"reading claim {describe(ref)} from the API server timed "
                               f"out after {self.read_timeout:g} s; the kubelet will call "
                               "again") from exc
+            except ValueError as exc:  # read, but not a claim the driver can prepare
+                raise Refused(f"claim {describe(ref)} cannot be prepared: {exc}") from exc
             except Exception as exc:
                 raise Refused(_read_failure(ref, exc)) from exc
 
@@ -293,8 +311,10 @@ class ClaimPreparer:
             except Exception as exc:
                 raise Refused(f"claim {describe(ref)}: no CDI IDs for device "
                               f"{result.pool}/{result.device} ({device_id}): {exc}") from exc
+            share = result.share_id
             devices.append(PreparedDevice(result.pool, result.device, device_id,
-                                          (result.request,), cdi))
+                                          (result.request,), cdi, share,
+                                          (result.consumed_contexts or 1) if share else None))
         return tuple(devices)
 
     def _with_env(self, uid: str, devices: tuple[PreparedDevice, ...]
@@ -307,9 +327,8 @@ class ClaimPreparer:
             request = base_request(device.requests[0])
             if request not in seen:
                 seen.add(request)
-                device = PreparedDevice(
-                    device.pool, device.device, device.device_id, device.requests,
-                    (*device.cdi_ids, self.claim_specs.qualified(uid, request)))
+                device = replace(device, cdi_ids=(*device.cdi_ids,
+                                                  self.claim_specs.qualified(uid, request)))
             out.append(device)
         return tuple(out)
 
@@ -350,11 +369,15 @@ class ClaimPreparer:
             if (entry := self.checkpoint.get(ref.uid)) is not None}
         results = await self._unprepare(claims)
         if self.programmer is not None:
+            cleared: set[str] = set()
             for uid, error in results.items():
                 if not error and uid in known:
+                    # Only the last holder of a device (its last share) clears it.
+                    last = [o for o in known[uid].functions if o.device_id not in cleared
+                            and not self._holders(uid, o.device_id)]
+                    cleared.update(o.device_id for o in last)
                     self.programmer.unprepared(
-                        uid, known[uid].functions,
-                        lambda device_id, uid=uid: self._holders(uid, device_id))
+                        uid, last, lambda device_id, uid=uid: self._holders(uid, device_id))
         failed = sum(1 for error in results.values() if error)
         metrics.dra_claims(self.driver, "unprepare", len(results) - failed, failed)
         if self.on_unprepared is not None:

@@ -22,14 +22,18 @@ from plugin.programming.function_config import (
     functions_of,
 )
 from plugin.programming.outcome import LOADED as OUTCOME_LOADED
+from plugin.programming.outcome import SKIPPED as OUTCOME_SKIPPED
 from plugin.programming.outcome import Outcome
 from plugin.programming.programmer import Programmer, ProgrammingRefused
 from plugin.serving.dra import function_audit as audit
 from plugin.serving.dra.prepared import describe
+from plugin.serving.dra.shares import function_not_held
 from value_types.claims import ClaimAllocation, ClaimRef, PreparedDevice
 
 NOT_ALLOWED = "not_allowed"
 """``dra_programming_total`` result of a claim's function its class does not allow."""
+NOT_HELD = "not_held"
+"""``dra_programming_total`` result of a share whose function its device does not hold."""
 
 
 class Refused(Exception):
@@ -86,13 +90,15 @@ class FunctionStep:
                                                 why, functions) for d, s in wanted])
                 raise Refused(f"claim {describe(ref)} names a function to load, and {why}")
             return ()
+        shared = [(d, s) for d, s in wanted if d.share_id is not None]
+        wanted = [(d, s) for d, s in wanted if d.share_id is None]
         try:
             # No answer while a load (a clear, another claim's) is changing a device.
             await programmer.settled(d.device_id for d in devices)
+            outcomes = await self._held_by_shares(ref, allocation, shared, functions)
             if len(wanted) > 1:  # every device checked before any is loaded
                 for device, spec in wanted:
                     await programmer.check(device.device_id, spec)
-            outcomes = []
             for device, spec in wanted:
                 outcome = await programmer.ensure(
                     describe(ref), ref.uid, device.device_id, spec,
@@ -113,6 +119,35 @@ class FunctionStep:
                                             refusal.sha256, str(refusal), functions)
                                 for d, s in failed])
             raise Refused(f"claim {describe(ref)}: {refusal}") from None
+
+    async def _held_by_shares(self, ref: ClaimRef, allocation: ClaimAllocation,
+                              shared: list[tuple[PreparedDevice, FunctionSpec]],
+                              functions: ClaimFunctions) -> list[Outcome]:
+        """A share's function must be the one its device holds (a share never programs):
+        ``skipped`` for each that is, :class:`Refused` naming both functions when any is
+        not, before anything of the claim is loaded."""
+        assert self.programmer is not None
+        outcomes: list[Outcome] = []
+        refusals: list[audit.FunctionAudit] = []
+        for device, spec in shared:
+            held = await self.programmer.held_now(device.device_id)
+            why = function_not_held(device, spec, held)
+            if why is not None:
+                metrics.dra_programming(self.driver, spec.family, "", NOT_HELD, 0.0)
+                refusals.append(self._audit(audit.NOT_HELD, ref, allocation, device, spec,
+                                            None, why, functions))
+                continue
+            outcome = Outcome(device.device_id, spec, OUTCOME_SKIPPED)
+            metrics.dra_programming(self.driver, spec.family, "", OUTCOME_SKIPPED, 0.0)
+            outcomes.append(outcome)
+            if self.auditor.skips_recorded():
+                self.auditor.record(self._audit(audit.SKIPPED, ref, allocation, device, spec,
+                                                None, outcome.message(), functions))
+        if refusals:
+            self._refused(ref, refusals)
+            raise Refused(f"claim {describe(ref)}: "
+                          f"{'; '.join(record.detail for record in refusals)}")
+        return outcomes
 
     def configuration_refused(self, devices: Sequence[PreparedDevice]) -> None:
         if self.programmer is not None:
@@ -144,4 +179,4 @@ class FunctionStep:
             pods=allocation.reserved_for, device_class=functions.class_of(device.requests[0]),
             function=spec.shown(), image=spec.image, sha256=sha256 or spec.sha256,
             node=self.node, device=f"{device.pool}/{device.device}",
-            device_id=device.device_id, detail=detail)
+            device_id=device.device_id, detail=detail, share_id=device.share_id)
