@@ -216,6 +216,23 @@ async def test_a_recorded_claim_holds_its_devices_whole(tmp_path: Path) -> None:
     assert sharing.holds(checkpoint) == NO_HOLDS
 
 
+async def test_recorded_shares_count_their_contexts_and_hold_nothing_whole(
+        tmp_path: Path) -> None:
+    """Two shares (2 and 1 contexts) of one device: it is shared, never held whole, so it
+    stays published shared with at least the 3 contexts they hold."""
+    sharing = Sharing(parse_shares("alveo=2"), None, None)
+    checkpoint = ClaimCheckpoint(tmp_path / "claims.jsonl")
+    first = PreparedDevice("node-a", "pci-0000-17-00-1", A, ("fpga",), (),
+                           share_id="6b0f6a2e-1c55-4d0e-9a53-0f4b1f2c8d01", contexts=2)
+    second = PreparedDevice("node-a", "pci-0000-17-00-1", A, ("fpga",), (),
+                            share_id="0c1d2e3f-4a5b-4c6d-8e7f-901a2b3c4d5e", contexts=1)
+    await checkpoint.commit(put=[PreparedClaim(ClaimRef("default", "c1", "u1"), (first,)),
+                                 PreparedClaim(ClaimRef("default", "c2", "u2"), (second,))])
+    holds = sharing.holds(checkpoint)
+    assert holds.whole == frozenset() and dict(holds.shares) == {A: 3}
+    assert decide(parse_shares("alveo=2"), NODE_DEVICES, holds, lambda _: None, {})[A] == 3
+
+
 # The slice ----------------------------------------------------------------------------------
 
 def shared_pool() -> Pool:

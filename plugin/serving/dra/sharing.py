@@ -43,6 +43,7 @@ from plugin.programming.image_checks import ImageChecks, held_function
 from plugin.programming.load_record import LoadRecord, read_records
 from plugin.programming.programmer import Programmer
 from plugin.serving.dra.checkpoint import ClaimCheckpoint
+from plugin.serving.dra.holdings import holdings_of
 from plugin.serving.dra.prepared import PreparedClaim
 from plugin.serving.dra.share_setting import FamilyShare, setting_of, sharing_on
 from value_types.devices import Device, DeviceSet
@@ -80,10 +81,10 @@ def claim_holds(whole: Iterable[str], shares: Mapping[str, int],
 
 
 def holds_of(claims: Iterable[PreparedClaim], preparing: Iterable[str] = ()) -> ClaimHolds:
-    """What the recorded claims hold. A recorded device carries no share yet, so each is
-    held whole; a share's result is to count its contexts in ``shares`` instead."""
-    return claim_holds((d.device_id for claim in claims for d in claim.devices), {},
-                       preparing)
+    """What the recorded claims hold: a device listed without a share ID is held whole; a
+    share counts its contexts (:func:`~plugin.serving.dra.holdings.holdings_of`)."""
+    holdings = holdings_of(claims)
+    return claim_holds(holdings.whole, holdings.shared, preparing)
 
 
 def decide(shares: tuple[FamilyShare, ...], devices: DeviceSet, holds: ClaimHolds,
