@@ -205,6 +205,10 @@ async def test_the_card_going_unhealthy_fails_every_shares_status(card: World) -
         [entry] = entries(world, ref)
         assert entry["shareID"] == result_of(world, ref)["shareID"]
         assert ready(entry) == ("False", "DeviceUnhealthy")
+    # Tainted in its slice: the scheduler gives its last context to no new pod.
+    await until(lambda: world.published()[CARD]["taints"], "the card tainted")
+    with pytest.raises(AllocationError, match="free, untainted and selected"):
+        share(world, "late", 1)
 
 
 async def test_only_the_last_share_to_go_clears_the_card(card: World) -> None:
