@@ -205,7 +205,7 @@ def _device_of(kubelet: KubeletEmulator, bdf: str) -> str:
     raise LookupError(f"no device for function {bdf}")
 
 
-NODES = ("intel", "mixed", "migrate", "program")
+NODES = ("intel", "mixed", "migrate", "program", "share")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -218,7 +218,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="intel: Intel cards, served by the intel backend; mixed: Intel, "
                              "AWS and Alveo cards together, served by the auto backend; "
                              "migrate: one node moved to DRA and back; program: the function "
-                             "a pod needs, loaded on demand")
+                             "a pod needs, loaded on demand; share: three pods on one port "
+                             "holding one function")
     node = parser.parse_args(argv).node
     # As the daemon's own CLI sets them: gRPC's core logs in its own format, and the
     # plugin's logs go through the same configuration a node install uses.
@@ -239,6 +240,10 @@ def _story_of(node: str) -> Coroutine[object, object, int]:
         from compat_tests.demo_program import run_programming_demo
 
         return run_programming_demo()
+    if node == "share":
+        from compat_tests.demo_share import run_sharing_demo
+
+        return run_sharing_demo()
     return run_demo(node)
 
 

@@ -53,7 +53,8 @@ def test_the_demo_entry_refuses_an_unknown_node_naming_the_known_ones() -> None:
     done = subprocess.run([sys.executable, "-m", "compat_tests.demo", "--node", "nope"],
                           cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2 and done.stdout == ""
-    assert all(f"'{node}'" in done.stderr for node in ("intel", "mixed", "migrate", "program"))
+    assert all(f"'{node}'" in done.stderr for node in ("intel", "mixed", "migrate", "program",
+                                                           "share"))
 
 
 def test_make_demo_runs_the_checkout_entry_with_the_node_it_is_given() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -180,6 +181,34 @@ def test_programming_demo_loads_the_function_a_pod_asks_for() -> None:
     assert "its configuration pins; nothing was loaded" in out
     assert "Warning  ImageDigestMismatch  digest_mismatch" in out
     assert out.count("loads this time: 0; the port is untouched and healthy") == 2
+
+
+def test_sharing_demo_puts_three_pods_on_one_port_and_refuses_a_fourth_and_a_reload() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "compat_tests.demo", "--node", "share"], capture_output=True,
+        text=True, timeout=120, cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "published whole (no allowMultipleAllocations): NLB3 was not loaded" in out
+    assert out.count("allowMultipleAllocations: true, capacity contexts: 4 (requestPolicy "
+                     "default 1, validRange 1..4 step 1)") == 2
+    shares = re.findall(r"claim (worker-\d): pci-0000-3b-00-0 shareID ([0-9a-f-]{36}) "
+                        r"consumedCapacity contexts (\d)", out)
+    assert [(name, n) for name, _, n in shares] == [
+        ("worker-0", "1"), ("worker-1", "1"), ("worker-2", "2")]
+    for name, share, contexts in shares:
+        assert (f"{name}'s container (share_id {share} in the kubelet's answer): "
+                f"ACCELERATOR_DEVICES=0000:3b:00.0 ACCELERATOR_SHARE_ID={share} "
+                f"ACCELERATOR_SHARE_CONTEXTS={contexts}") in out
+        assert f"{name}: device pci-0000-3b-00-0 shareID {share} Ready=True (Prepared)" in out
+    assert "claim default/worker-3 request 'fpga': 0 of 1 devices of class " \
+        "'nlb0-shared.accelerator.b-com.com' are free" in out
+    assert "the device holds afuID d8424dc4-a4a3-c413-f89e-433683f9040b and the claim's " \
+        "function is afuID f7df405c-bd7a-cf72-22f1-44b0b93acd18" in out
+    assert "loads this time: 0; the port still holds afuID d8424dc4" in out
+    assert "NodeUnprepareResources for worker-2 (the port's last share): done" in out
+    assert "CDI specs of claims left: none; loads so far: 1" in out and "exit code 0" in out
 
 
 def test_migration_demo_moves_one_node_to_dra_and_back() -> None:

@@ -166,6 +166,7 @@ def _installed_by(wheel: Path, *extras: str) -> set[str]:
     ("compat_tests.demo", SHIPPED | {SOURCE_TREE_ONLY}, ("demo",)),
     ("compat_tests.demo_migrate", SHIPPED | {SOURCE_TREE_ONLY}, ("demo",)),
     ("compat_tests.demo_program", SHIPPED | {SOURCE_TREE_ONLY}, ("demo",)),
+    ("compat_tests.demo_share", SHIPPED | {SOURCE_TREE_ONLY}, ("demo",)),
 ])
 def test_an_install_brings_every_package_the_code_imports(built, entry, follow, extras) -> None:
     available = _installed_by(built[0], *extras)
