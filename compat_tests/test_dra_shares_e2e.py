@@ -205,6 +205,7 @@ async def test_the_card_going_unhealthy_fails_every_shares_status(card: World) -
         [entry] = entries(world, ref)
         assert entry["shareID"] == result_of(world, ref)["shareID"]
         assert ready(entry) == ("False", "DeviceUnhealthy")
+    assert shared(world, CARD) == 4, "still shared: health is published as for any device"
     # Tainted in its slice: the scheduler gives its last context to no new pod.
     await until(lambda: world.published()[CARD]["taints"], "the card tainted")
     with pytest.raises(AllocationError, match="free, untainted and selected"):
@@ -258,13 +259,23 @@ async def test_a_restarted_serve_answers_the_same_shares_and_keeps_the_card_shar
     world = card
     refs = [share(world, "pod-0", 1), share(world, "pod-1", 2)]
     first = [(await prepared(world, ref)).result(ref.uid).devices for ref in refs]
+    await until(lambda: all(entries(world, r) for r in refs), "each share's status")
     world.plugin.kill()
+    world.api.clear_requests()
     for obj in world.api.list("resourceslices"):
         world.api.delete("resourceslices", obj["metadata"]["name"])
     world.plugin = world.restart("plugin-again")
     await until(lambda: any(d["name"] == CARD for s in world.api.list("resourceslices")
                             for d in s["spec"].get("devices", [])), "published again", 15.0)
     assert shared(world, CARD) == 4, "shared from the first publication of the new process"
+    # The new process writes the status of the claims it holds again (server-side apply:
+    # what it leaves out goes): each share's entry is still its own.
+    await until(lambda: {r.name for r in world.api.find_requests(verb="patch", status=200)
+                         if r.subresource == "status"} >= {"pod-0", "pod-1"},
+                "the status written again by the restarted serve", 15.0)
+    for ref in refs:
+        [entry] = entries(world, ref)
+        assert entry["shareID"] == result_of(world, ref)["shareID"]
     assert world.kubelet.dra is not None
     for ref, devices in zip(refs, first, strict=True):
         # A kubelet that lost its own record of the claim (what it cached is answered from
