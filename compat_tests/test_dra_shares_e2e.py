@@ -29,7 +29,7 @@ from compat_tests.fake_alveo import load_xclbin, trip_firewall
 from compat_tests.fpga_images import XCLBIN_UUID, XclbinSpec, build_xclbin, write_image
 from compat_tests.kubelet.dra_results import ClaimRef
 from compat_tests.test_dra_programming_serve import DRIVER, NAMESPACE, NODE, World, running
-from compat_tests.test_dra_share_serve import shared
+from compat_tests.test_dra_share_serve import shared, slices_valid
 from plugin.programming.ids import dashed
 from tests.cdi_conformance import check
 
@@ -167,6 +167,7 @@ async def test_three_pods_share_a_card_each_with_its_own_share_and_a_fourth_wait
         assert (entry["device"], entry["shareID"]) == (CARD, result["shareID"])
         assert ready(entry) == ("True", "Prepared")
     assert shared(world, CARD) == 4, "still published shared under its shares"
+    assert slices_valid(world)
     assert world.plugin.alive
 
 
