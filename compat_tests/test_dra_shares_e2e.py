@@ -9,7 +9,8 @@ client, as a pod's would be: what each container gets, what each claim's status 
 the scheduler and the driver refuse, and what outlives a claim or the process. The rules
 themselves are :mod:`compat_tests.test_dra_shares`'s, in-process; these check that the daemon
 wires them to what a cluster sees. The node and vendor-tool stand-ins are those of
-:mod:`compat_tests.test_dra_programming_serve`.
+:mod:`compat_tests.test_dra_programming_serve`; a real runtime (podman) applying two shares'
+CDI devices is :mod:`compat_tests.test_cdi_runtime`'s.
 """
 
 from __future__ import annotations

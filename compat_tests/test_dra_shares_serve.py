@@ -5,7 +5,8 @@ Until a device is published shared (``--dra-share``), every device is published 
 allocation naming a ``shareID`` is one the driver never offered: the kubelet gets that
 claim's clear error and the device stays free for a claim allocated whole. (The way through,
 a device published shared and its shares prepared, is covered in-process by
-``compat_tests/test_dra_shares.py``.)
+``compat_tests/test_dra_shares.py`` and against the real ``serve`` by
+``compat_tests/test_dra_shares_e2e.py``.)
 """
 
 from __future__ import annotations
