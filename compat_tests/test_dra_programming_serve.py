@@ -9,7 +9,7 @@ is allocated with the configuration the scheduler copies from a DeviceClass
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,7 +94,10 @@ class World:
 
 async def running(tmp_path: Path, sockdir: Path, logdir: Path, *extra: str,
                   fail: str | None = None, delay: float = 0.0,
-                  call_timeout: float | None = None) -> AsyncIterator[World]:
+                  call_timeout: float | None = None,
+                  api_server: Callable[[], ApiServerEmulator] | None = None
+                  ) -> AsyncIterator[World]:
+    """The world, its API server made by ``api_server`` (by default a 1.36 one)."""
     node = build_mixed_node(tmp_path / "node")
     library = tmp_path / "images"
     write_image(library, "intel/nlb3.gbs", build_gbs(
@@ -108,7 +111,7 @@ async def running(tmp_path: Path, sockdir: Path, logdir: Path, *extra: str,
     tools = write_stand_in_tools(tmp_path / "tools", node, fail=fail, delay=delay)
     registry = sockdir / "registry"
     registry.mkdir()
-    async with ApiServerEmulator("1.36") as api:
+    async with (api_server or (lambda: ApiServerEmulator("1.36")))() as api:
         api.create_node(NODE)
         api.create_namespace(NAMESPACE)
         api.create_device_class(DRIVER, driver=DRIVER)

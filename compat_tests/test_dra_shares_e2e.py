@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from compat_tests.apiserver import ApiServerEmulator
 from compat_tests.apiserver.allocate import AllocationError, allocate_claim
 from compat_tests.dra_support import until
 from compat_tests.fake_alveo import DEFAULT_INTERFACE_UUID as ALVEO_INTERFACE
@@ -295,3 +296,45 @@ async def test_a_restarted_serve_answers_the_same_shares_and_keeps_the_card_shar
     await prepared(world, one)
     with pytest.raises(AllocationError):
         share(world, "pod-3", 1)
+
+
+@pytest.mark.parametrize(("served", "version"), [
+    ("resource.k8s.io/v1=false,resource.k8s.io/v1beta2=true", "v1beta2"),
+    ("resource.k8s.io/v1=false,resource.k8s.io/v1beta2=false,resource.k8s.io/v1beta1=true",
+     "v1beta1"),
+])
+async def test_shares_through_the_beta_apis_of_a_1_34_cluster_with_the_gate_on(
+        tmp_path: Path, sockdir: Path, logdir: Path, served: str, version: str) -> None:
+    """1.34 and 1.35 have DRAConsumableCapacity off by default (alpha); with it on, a
+    cluster serving resource.k8s.io only as v1beta2 (or v1beta1, the fields under
+    ``basic``) gets the same shares: the slice written, the claims' ``shareID`` read, each
+    share's status entry written, all in that version."""
+    def api_server() -> ApiServerEmulator:
+        return ApiServerEmulator("1.34", feature_gates={"DRAConsumableCapacity": True},
+                                 runtime_config=served)
+
+    async for world in running(tmp_path, sockdir, logdir, "--dra-share", "alveo=4",
+                               "--rescan-interval", "0.2", api_server=api_server):
+        await _two_shares(world, tmp_path / "cdi")
+        writes = {(r.resource, r.version) for r in world.api.find_requests(status=200)
+                  if r.verb in ("create", "update", "patch", "apply")
+                  and r.resource.startswith("resource")}
+        assert writes == {("resourceslices", version), ("resourceclaims", version)}, writes
+
+
+async def _two_shares(world: World, cdi: Path) -> None:
+    load_xclbin(world.node, CARD_BDF, XCLBIN_UUID)
+    await until(lambda: shared(world, CARD) == 4, "the card published shared")
+    share_class(world, SHARED, XCLBIN_UUID)
+    refs = [share(world, f"pod-{i}", n) for i, n in enumerate((1, 3))]
+    with pytest.raises(AllocationError):
+        share(world, "pod-2", 1)
+    for ref in refs:
+        outcome = await prepared(world, ref)
+        [device] = outcome.result(ref.uid).devices
+        assert device.share_id == result_of(world, ref)["shareID"]
+        env = container_env(cdi, outcome.cdi_ids(ref.uid))
+        assert env["ACCELERATOR_SHARE_ID"] == device.share_id
+    await until(lambda: all(entries(world, r) for r in refs), "each share's status")
+    assert [entries(world, r)[0]["shareID"] for r in refs] == [
+        result_of(world, r)["shareID"] for r in refs]
