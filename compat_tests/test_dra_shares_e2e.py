@@ -3,12 +3,13 @@
 ``serve --dra-share alveo=4`` publishes a card holding an xclbin shared four ways (publishing
 itself is :mod:`compat_tests.test_dra_share_serve`'s); here claims of DeviceClasses are
 allocated by the emulated scheduler (:func:`~compat_tests.apiserver.allocate.allocate_claim`,
-``shareID`` and ``consumedCapacity`` as KEP-5075 has it write them, every write validated by
-the 1.36 API server emulator) and prepared through the emulated 1.36 kubelet's v1 DRA
-client, as a pod's would be: what each container gets, what each claim's status says, what
-the scheduler and the driver refuse, and what outlives a claim or the process. The rules
-themselves are :mod:`compat_tests.test_dra_shares`'s, in-process; these check that the daemon
-wires them to what a cluster sees. The node and vendor-tool stand-ins are those of
+``shareID`` and ``consumedCapacity`` as KEP-5075 has the scheduler write them, every write
+validated by the API server emulator, of 1.36 unless a test says otherwise) and prepared
+through the emulated 1.36 kubelet's v1 DRA client, as a pod's would be: what each container
+gets, what each claim's status says, what the scheduler and the driver refuse, and what
+outlives a claim or the process. The rules themselves are
+:mod:`compat_tests.test_dra_shares`'s, in-process; these check that the daemon wires them to
+what a cluster sees. The node and vendor-tool stand-ins are those of
 :mod:`compat_tests.test_dra_programming_serve`; a real runtime (podman) applying two shares'
 CDI devices is :mod:`compat_tests.test_cdi_runtime`'s.
 """
@@ -236,6 +237,41 @@ async def test_only_the_last_share_to_go_clears_the_card(card: World) -> None:
     [argv] = world.tools.invocations("xbutil")
     assert argv[:3] == ["program", "--device", CARD_BDF], argv
     assert shared(world, CARD) == 4, "holding the clear xclbin, shared again"
+
+
+@pytest.fixture
+async def slow_clear(tmp_path: Path, sockdir: Path, logdir: Path) -> AsyncIterator[World]:
+    """The shared card, with vendor tools that take 3 s per load."""
+    async for world in running(tmp_path, sockdir, logdir, "--dra-share", "alveo=4",
+                               "--rescan-interval", "0.2", delay=3.0):
+        write_image(world.library, "alveo/clear.xclbin", build_xclbin(XclbinSpec(
+            uuid=CLEAR_UUID, interface_uuid=dashed(ALVEO_INTERFACE))))
+        load_xclbin(world.node, CARD_BDF, XCLBIN_UUID)
+        await until(lambda w=world: shared(w, CARD) == 4, "the card published shared")
+        yield world
+
+
+async def test_a_share_allocated_while_its_card_is_cleared_is_refused_naming_both(
+        slow_clear: World) -> None:
+    """The card still publishes the xclbin being cleared away, so the scheduler may give a
+    share of it meanwhile; prepare waits for the clear, then finds the function gone."""
+    world = slow_clear
+    clearing = "clearing.accelerator.b-com.com"
+    share_class(world, clearing, XCLBIN_UUID, xclbin_function(
+        XCLBIN_UUID, "alveo/app.xclbin", clearOnUnprepare={
+            "xclbinUUID": CLEAR_UUID, "image": "alveo/clear.xclbin"}))
+    last = share(world, "last", 1, clearing)
+    await prepared(world, last)
+    await unprepare(world, last)
+    world.api.delete("resourceclaims", "last", NAMESPACE)
+    await until(lambda: world.tools.invocations("xbutil"), "the clear started")
+    late = share(world, "late", 1, clearing)
+    assert world.published()[CARD]["xclbinUUID"] == XCLBIN_UUID, "still published so"
+    assert world.kubelet.dra is not None
+    error = (await world.kubelet.dra.prepare([late])).result(late.uid).error
+    assert f"the device holds xclbinUUID {CLEAR_UUID} and the claim's function is " \
+        f"xclbinUUID {XCLBIN_UUID}" in error, error
+    assert len(world.tools.invocations("xbutil")) == 1, "the clear only"
 
 
 async def test_a_share_whose_claim_was_deleted_frees_its_contexts_once_unprepared(
