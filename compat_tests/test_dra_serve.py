@@ -183,8 +183,12 @@ async def test_plugin_restart_between_prepare_and_unprepare_loses_nothing(
                          tmp_path / "kubeconfig", world.cdi, name="plugin-again")
     await world.kubelet.dra.wait_until(lambda: world.kubelet.dra.endpoints(DRIVER), SETTLE,
                                        "registered again")
+    # The kubelet answers a claim it prepared from its own cache: one that lost its record
+    # calls the driver again, which must answer from its checkpoint.
+    world.kubelet.dra.config.checkpoint.claims.pop((NAMESPACE, "survivor"))
     again = await world.kubelet.dra.prepare([claim])
-    assert again.ok and again.cdi_ids(claim.uid) == first.cdi_ids(claim.uid), \
+    assert again.ok and not again.result(claim.uid).skipped, again
+    assert again.cdi_ids(claim.uid) == first.cdi_ids(claim.uid), \
         "answered from the checkpoint, without the API server"
     assert (await world.kubelet.dra.unprepare([claim])).ok
 
