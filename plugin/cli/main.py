@@ -68,8 +68,10 @@ def serve(settings: Settings) -> int:
     from plugin.discovery.triggers import triggers_for
     from plugin.model.replicas import announce
     from plugin.process.daemon import Daemon
+    from plugin.serving.dra.share_setting import announce as announce_shares
 
     announce(settings.replicas, settings.resource_mode, settings.resource_name, settings.api)
+    announce_shares(settings.dra_share, settings.api)
     probes = _probe_port(settings)
     backend = _backend(settings)
     daemon = Daemon(settings, backend, triggers=triggers_for(backend), owns_process=True,
