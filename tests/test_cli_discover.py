@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from compat_tests.fake_sysfs import build_broken_node, build_intel_node
+from compat_tests.fpga_images import NLB0_AFU_ID, build_gbs, write_image
+from plugin.programming.load_record import LoadRecord, LoadRecords
 
 
 def discover(node_root: Path, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -77,3 +79,30 @@ def test_the_table_says_how_many_ids_replicas_give_each_resource(tmp_path: Path)
     # --json stays the device list scripts read, replicas or not.
     as_json = discover(tmp_path, "--json", "--replicas", "*=4")
     assert as_json.stdout == discover(tmp_path, "--json").stdout
+
+
+def test_the_table_says_how_dra_share_would_publish_each_device(tmp_path: Path) -> None:
+    """The driver's own decision, before any claim: a port whose GBS (loaded by the driver,
+    as its load record says) declares 6 contexts is shared 6 ways under ``image``; the other
+    ports, which the driver did not load, are published whole, and a number shares each."""
+    build_intel_node(tmp_path)
+    images, state = tmp_path / "images", tmp_path / "state"
+    write_image(images, "nlb0.gbs", build_gbs(afu_ids=(NLB0_AFU_ID,), contexts=6))
+    record = LoadRecord(NLB0_AFU_ID.replace("-", ""), "f", "nlb0.gbs", None, "default/c", "now")
+    LoadRecords(state).loaded("0000:5e:00.0", record)
+    where = ("--image-library", str(images), "--dra-state-dir", str(state))
+    result = discover(tmp_path, "--dra-share", "intel=image", *where)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "0000:5e:00.0: published shared, 6 contexts (intel=image), while no claim holds " \
+           "it whole" in lines
+    assert "0000:d8:00.0: published whole (intel=image): the image of the function it holds " \
+           "is not one this driver loaded there, or serves one user" in lines
+    numbered = discover(tmp_path, "--dra-share", "intel=3", *where).stdout.splitlines()
+    assert len([line for line in numbered if ": published shared, 3 contexts (intel=3)" in
+                line]) == 6
+    nothing = discover(tmp_path, "--dra-share", "alveo=4", *where).stdout
+    assert "--dra-share matches no device here" in nothing
+    # --json stays the device list scripts read.
+    assert discover(tmp_path, "--json", "--dra-share", "intel=3").stdout == \
+        discover(tmp_path, "--json").stdout

@@ -76,6 +76,11 @@ def test_environment_sets_defaults_and_flags_win(monkeypatch: pytest.MonkeyPatch
         (["serve", "--replicas", "b-com.com/accelerator=65"], {}, "from 1 to 64"),
         (["serve", "--replicas", "b-com.com/accelerator"], {}, "is not RESOURCE=N"),
         (["serve"], {"ACCELERATOR_DP_REPLICAS": "fpga=2"}, "ACCELERATOR_DP_REPLICAS"),
+        (["serve", "--replicas", "foo"], {},
+         "argument --replicas: 'foo' is not RESOURCE=N (e.g. b-com.com/accelerator=4"),
+        (["discover", "--replicas", "*=0"], {}, "from 1 to 64"),
+        (["serve", "--dra-share", "aws=2"], {}, "aws devices cannot be shared"),
+        (["serve", "--dra-share", "alveo=0"], {}, "(off shares nothing)"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(args, env, words) -> None:

@@ -3,8 +3,12 @@ at start in one line naming the family and why."""
 
 from __future__ import annotations
 
+import json
+import logging
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +17,7 @@ from plugin.cli.config import parse
 from plugin.cli.sources import describe
 from plugin.serving.dra.share_setting import (
     FamilyShare,
+    announce,
     parse_shares,
     setting_of,
     sharing_on,
@@ -86,3 +91,71 @@ def test_a_bad_value_exits_2_in_one_line_naming_the_family(value: str, words: st
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1, result.stderr
         assert words in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("dra-share: [intel=image, aws=2]\n", "aws devices cannot be shared"),
+        ("dra-share: {intel: image}\n", "expected a value or a list of values, found a mapping"),
+        ("dra-share: intel=0\n", "intel=0: the number of contexts must be between 1 and 4096 "
+                                 "(off shares nothing)"),
+        ("dra-share: 3\n", "'3' is not FAMILY=VALUE"),
+    ],
+)
+def test_a_bad_value_in_the_config_file_exits_2_in_one_line_naming_the_key(
+        tmp_path: Path, text: str, words: str) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(text)
+    result = subprocess.run([sys.executable, "-m", "plugin", "serve", "--config", str(config)],
+                            capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"},
+                            timeout=60)
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"accelerator-device-plugin serve: error: config file {config}, "
+                           "line 1, key 'dra-share': ")
+    assert words in line
+
+
+def test_the_file_takes_a_one_family_list(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("dra-share: [intel=image]\n")
+    assert parse(["serve", "--config", str(config)]).dra_share == (FamilyShare("intel", None),)
+
+
+def test_the_setting_is_said_to_do_nothing_where_the_node_is_never_served_through_dra(
+        caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO):
+        announce(parse_shares("intel=image"), "device-plugin")
+        for api in ("dra", "auto"):
+            announce(parse_shares("intel=image,alveo=4"), api)
+        announce(parse_shares("intel=off,alveo=1"), "device-plugin")
+        announce((), "device-plugin")
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.WARNING, "--dra-share has no effect with --api device-plugin: it applies to "
+                          "the DRA driver only (the device plugin shares devices through "
+                          "--replicas)")]
+
+
+def test_serve_on_the_device_plugin_warns_that_the_setting_does_nothing(tmp_path: Path) -> None:
+    directory = tmp_path / "dp"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "plugin", "serve", "--backend", "units", "--accel-nbunits", "2",
+         "--device-plugin-dir", str(directory), "--log-format", "json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={"PATH": "/usr/bin:/bin", "ACCELERATOR_DP_DRA_SHARE": "alveo=4"})
+    try:
+        deadline = time.monotonic() + 30
+        while not (directory / "accelerator.sock").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (directory / "accelerator.sock").exists()
+        process.send_signal(signal.SIGTERM)
+        _out, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0
+    said = [json.loads(line) for line in err.splitlines()]
+    warned = [e for e in said if e["message"].startswith("--dra-share has no effect")]
+    assert [e["level"] for e in warned] == ["warning"], err

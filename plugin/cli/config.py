@@ -186,7 +186,20 @@ def _add_replicas_flag(env: _EnvDefaults) -> None:
     env.add("--replicas", default=(), convert=replicas, metavar="RESOURCE=N[,...]",
             help="device plugin: advertise each device of RESOURCE (a full resource name, or "
                  f"* for every one) N times (1 to {MAX_REPLICAS}), as <device ID>::<i>, so N "
-                 "containers share it; only for functions several users can share")
+                 "containers share it, e.g. b-com.com/accelerator=4; only for functions "
+                 "several users can share (nothing divides the device)")
+
+
+def _add_share_flag(env: _EnvDefaults) -> None:
+    """Shared by ``serve`` and ``discover``, which says which devices would be published
+    shared."""
+    env.add("--dra-share", default=(), convert=shares, metavar="FAMILY=VALUE[,...]",
+            help="DRA: publish the devices of FAMILY for sharing between claims, e.g. "
+                 "intel=image,alveo=4. VALUE: image (as many contexts as the held function's "
+                 "image serves: a GBS's total-contexts, an xclbin's compute units; only for "
+                 "functions this driver loaded), a number of contexts (1: not shared), or off "
+                 "(the default). Only intel and alveo can be shared; a device holding no "
+                 "function, or held whole by a claim, is published whole")
 
 
 def _add_serve_flags(parser: OneLineParser) -> None:
@@ -219,11 +232,7 @@ def _add_serve_flags(parser: OneLineParser) -> None:
     env.add("--dra-state-dir", default=None, convert=Path,
             help="where the DRA driver keeps its claim checkpoint (default "
                  f"{KUBELET_PLUGINS_DIR}/<driver name>)")
-    env.add("--dra-share", default=(), convert=shares,
-            help="families whose devices DRA publishes for sharing, FAMILY=VALUE[,...]: "
-                 "VALUE image (the contexts the held function's image serves: a GBS's "
-                 "total-contexts, an xclbin's compute units), a number of contexts, or off "
-                 "(the default); only intel and alveo can be shared")
+    _add_share_flag(env)
     env.add("--pod-resources-socket", default=DEFAULT_POD_RESOURCES_SOCKET, convert=Path,
             help="the kubelet's PodResources socket (--api dra|auto): devices running "
                  "containers still hold through the other API are not offered after a move "
@@ -318,6 +327,7 @@ def build_parser() -> OneLineParser:
     _add_common_flags(discover)
     found = _EnvDefaults(discover)
     _add_replicas_flag(found)
+    _add_share_flag(found)
     found.add("--dra-driver-name", default=DEFAULT_DRA_DRIVER, convert=driver_name,
               help="the DRA driver whose record of loads to read")
     found.add("--dra-state-dir", default=None, convert=Path,

@@ -21,6 +21,8 @@ from plugin.cli.sources import Origin, describe
 from plugin.model.programming import WhyNot, never_why
 from plugin.model.replicas import ReplicaCount, replicas_of
 from plugin.model.resources import group_by_resource
+from plugin.programming.image_checks import held_function
+from plugin.serving.dra.share_setting import FamilyShare, setting_of, sharing_on
 from value_types.devices import Device, DeviceSet
 
 if TYPE_CHECKING:
@@ -38,8 +40,8 @@ def render_table(devices: Sequence[Device], origins: Sequence[Origin] = (),
     """Aligned columns, one line per device; a line saying so when there are none.
 
     ``notes`` follow after a blank line (how many IDs each resource gets with
-    ``--replicas``). A last line, after a blank one, names the settings given and where
-    from, if any were.
+    ``--replicas``, how each device would be published with ``--dra-share``). A last line,
+    after a blank one, names the settings given and where from, if any were.
     """
     rows = [_cells(d, why_not, (told or {}).get(d.id), (records or {}).get(d.id))
             for d in devices]
@@ -99,6 +101,32 @@ def replica_notes(devices: Sequence[Device], replicas: Sequence[ReplicaCount], m
             notes.append(f"{name}: {len(members)} device(s), each advertised {count} times "
                          f"as <ID>::0..{count - 1} ({len(members) * count} IDs)")
     return notes or ["--replicas matches no resource these devices are advertised under"]
+
+
+def share_notes(devices: Sequence[Device], shares: Sequence[FamilyShare],
+                contexts: Mapping[str, int]) -> list[str]:
+    """One line per device of a family ``--dra-share`` shares: the contexts it would be
+    published shared with while no claim holds it whole (``contexts``: what the driver's
+    decision gives), or why it would be published whole, so an operator sees before any
+    claim whether ``image`` finds the image it needs."""
+    if not sharing_on(tuple(shares)):
+        return []
+    notes = []
+    for device in devices:
+        setting = setting_of(tuple(shares), device.backend)
+        if setting == 0:
+            continue
+        given = next(str(s) for s in shares if s.family == device.backend)
+        if device.id in contexts:
+            notes.append(f"{device.id}: published shared, {contexts[device.id]} contexts "
+                         f"({given}), while no claim holds it whole")
+        elif held_function(device) is None:
+            notes.append(f"{device.id}: published whole ({given}): it holds no function")
+        else:
+            notes.append(f"{device.id}: published whole ({given}): the image of the function "
+                         "it holds is not one this driver loaded there, or serves one user")
+    return notes or ["--dra-share matches no device here (only intel ports and alveo cards "
+                     "can be shared)"]
 
 
 def loaded(device: Device) -> str:

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from plugin.cli.config import Settings, parse
@@ -16,6 +16,7 @@ from plugin.process.logs import configure
 
 if TYPE_CHECKING:
     from plugin.process.probe_server import ProbeServer
+    from value_types.devices import Device
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +69,10 @@ def serve(settings: Settings) -> int:
     from plugin.discovery.triggers import triggers_for
     from plugin.model.replicas import announce
     from plugin.process.daemon import Daemon
+    from plugin.serving.dra.share_setting import announce as announce_shares
 
     announce(settings.replicas, settings.resource_mode, settings.resource_name, settings.api)
+    announce_shares(settings.dra_share, settings.api)
     probes = _probe_port(settings)
     backend = _backend(settings)
     daemon = Daemon(settings, backend, triggers=triggers_for(backend), owns_process=True,
@@ -95,7 +98,7 @@ def _probe_port(settings: Settings) -> ProbeServer | None:
 
 
 def discover(settings: Settings) -> int:
-    from plugin.cli.discover import render_json, render_table, replica_notes
+    from plugin.cli.discover import render_json, render_table, replica_notes, share_notes
     from plugin.cli.sources import describe
     from plugin.discovery.monitor import DeviceMonitor
     from plugin.programming.setup import (
@@ -118,8 +121,27 @@ def discover(settings: Settings) -> int:
     else:
         notes = replica_notes(devices, settings.replicas, settings.resource_mode,
                               settings.resource_name, settings.resource_prefix)
+        notes += share_notes(devices, settings.dra_share, _shared(settings, devices))
         print(render_table(devices, settings.origins, why_not, told, records, notes))
     return 0
+
+
+def _shared(settings: Settings, devices: list[Device]) -> Mapping[str, int]:
+    """Device ID -> contexts of the devices ``serve`` would publish shared while no claim
+    holds them: the driver's own decision, reading its load records and images as it does."""
+    if not settings.dra_share:
+        return {}
+    from pathlib import Path
+
+    from plugin.cli.settings import dra_state_dir
+    from plugin.programming.image_checks import ImageChecks
+    from plugin.programming.library import ImageLibrary
+    from plugin.serving.dra.sharing import NO_HOLDS, Sharing
+    from value_types.devices import DeviceSet
+
+    checks = ImageChecks(ImageLibrary(Path(settings.image_library), settings.image_max_bytes))
+    sharing = Sharing(settings.dra_share, checks, dra_state_dir(settings))
+    return sharing.contexts(DeviceSet.of(devices), NO_HOLDS)
 
 
 def loader(settings: Settings) -> int:

@@ -72,6 +72,8 @@ COMBINATIONS: dict[str, tuple[tuple[str, ...], str]] = {
     # Which namespaces may use which function: the admission policy and its catalogue.
     "dra+programming+function-admission": (("dra", "programming", "function-admission"),
                                            "1.34"),
+    # Shared devices: the setting over DRA (consumable capacity is 1.36's, the objects 1.34's).
+    "dra+sharing": (("dra", "sharing"), "1.34"),
 }
 """Combinations of components rendered, validated and checked like the shipped overlays:
 each name -> (components in the order listed, the oldest Kubernetes it is meant for)."""

@@ -33,7 +33,6 @@ from deploy_support import (
 from helm_render import HelmRefused, of_kind
 from helm_render import render as helm_render
 from k8s_schemas import validate, validate_or_fall_back
-from test_helm_parity import serve_flags
 
 from api_versions.resource_slices import slices_for
 from compat_tests import cel_devices
@@ -55,10 +54,6 @@ HELD = {"intel": "afuID", "alveo": "xclbinUUID"}
 """The attribute each shareable family publishes the function it holds in."""
 HEX32 = re.compile(r"^[0-9a-f]{32}$")
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-
-needs_share_flag = pytest.mark.skipif(
-    "dra-share" not in serve_flags(), reason="serve has no --dra-share flag in this build")
-
 
 @pytest.fixture(scope="module")
 def examples(kubectl: str) -> list[dict[str, Any]]:
@@ -205,7 +200,6 @@ def _selected(device_class: dict[str, Any], devices: list[dict[str, Any]]) -> se
             if cel_devices.selectors_match(device_class["spec"]["selectors"], d, DRIVER)}
 
 
-@needs_share_flag
 def test_classes_select_only_shared_devices_holding_their_function(examples, tmp_path):
     nlb0_shared, nlb0_whole, other_afu = "pci-0000-5e-00-0", "pci-0000-d8-00-0", \
         "pci-0000-3b-00-0"
@@ -247,7 +241,6 @@ def test_component_adds_the_share_setting_and_nothing_else(components):
     assert others[0] == others[1], "the component adds no object: the classes are examples"
 
 
-@needs_share_flag
 def test_serve_reads_the_components_setting(components, monkeypatch):
     for name in [n for n in os.environ if n.startswith(config.ENV_PREFIX)]:
         monkeypatch.delenv(name)

@@ -168,6 +168,8 @@ WRONG_VALUES = [
     ({"config": {"cdi": "yes"}}, "/config/cdi"),
     ({"config": {"events": "always"}}, "/config/events"),
     ({"config": {"dra-share": "aws=2"}}, "/config/dra-share"),
+    ({"config": {"dra-share": "intel=4097"}}, "/config/dra-share"),
+    ({"config": {"dra-share": ["alveo=0"]}}, "/config/dra-share"),
     ({"config": {"accel-nbunits": -1}}, "/config/accel-nbunits"),
     ({"config": {"socket-name": "kubelet.sock"}}, "/config/socket-name"),
     ({"config": {"replicas": "b-com.com/accelerator=65"}}, "/config/replicas"),

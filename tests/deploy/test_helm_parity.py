@@ -42,7 +42,7 @@ the metrics component), the config file itself, and where each setting came from
 for the chart, variables for the overlays)."""
 SAMPLE_NODE = "fpga-node-1"
 PAIRS = {"default": "base", "intel": "intel", "aws-units": "aws", "alveo": "alveo",
-         "dra-auto": "dra", "programming": "dra+programming"}
+         "dra-auto": "dra", "programming": "dra+programming", "sharing": "dra+sharing"}
 """Example values file -> the kustomization that makes the same choice."""
 
 

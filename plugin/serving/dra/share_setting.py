@@ -19,8 +19,11 @@ when pods land on the same device.
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
 
 IMAGE = "image"
 OFF = "off"
@@ -82,7 +85,7 @@ def _contexts(family: str, value: str) -> int | None:
     number = int(word)
     if not 1 <= number <= MAX_CONTEXTS:
         raise ValueError(f"{family}={value}: the number of contexts must be between 1 and "
-                         f"{MAX_CONTEXTS}")
+                         f"{MAX_CONTEXTS} ({OFF} shares nothing)")
     return number
 
 
@@ -98,3 +101,11 @@ def setting_of(shares: tuple[FamilyShare, ...], family: str) -> int | None:
 def sharing_on(shares: tuple[FamilyShare, ...]) -> bool:
     """Whether any family may be published shared at all."""
     return any(setting_of(shares, s.family) != 0 for s in shares)
+
+
+def announce(shares: tuple[FamilyShare, ...], api: str) -> None:
+    """Say at start that sharing cannot happen where the node is never served through DRA:
+    the setting would otherwise be found doing nothing only when pods do not share."""
+    if api == "device-plugin" and sharing_on(shares):
+        log.warning("--dra-share has no effect with --api device-plugin: it applies to the DRA "
+                    "driver only (the device plugin shares devices through --replicas)")
