@@ -1,0 +1,284 @@
+"""Shares of a device, as the kubelet feels them: what sharing's bookkeeping costs at prepare.
+
+Two nodes of :mod:`bench.dra_world` side by side in this process, each its own emulated 1.36
+API server (HTTPS, its own CA) and kubelet and its own real ``serve --api dra`` on a fake
+node of six Intel ports, with the same flags (``--programming on``, an image library, the
+stand-in ``fpgaconf``) but for one: the first runs with ``--dra-share intel=image``, the
+second without. On the first, one claim naming a function whose GBS declares
+:data:`CONTEXTS` contexts loads it onto :data:`SHARED_PORT` and is unprepared: from then on
+the driver publishes that port shared (the image says how many users it serves), while a
+port it did not load (:data:`WHOLE_PORT`) stays published whole.
+
+Each round, every claim written allocated into the API server as a 1.36 scheduler leaves it
+(a share: its own ``shareID`` and ``consumedCapacity``), and only the kubelet's
+NodePrepareResources and NodeUnprepareResources calls are timed, one claim per call over the
+kubelet's kept connection:
+
+- the first share of the shared port (published shared, no share holds it), then
+  :data:`SHARES` - 1 later shares (the others hold it already); then the shares unprepared,
+  the last one (the one that would run a class's ``clearOnUnprepare``) after the others;
+- a claim with no configuration on the whole port of the sharing node (sharing on, the claim
+  allocated whole), prepared and unprepared;
+- the same on the node without sharing.
+
+The two whole claims take their turns at a place among the share calls that moves from round
+to round, so that drift on this shared machine hits every kind alike. A share must cost at
+most 5 % over a whole claim of the same process, and a whole claim with sharing on at most 5 %
+over one with sharing off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.dra_world import DRIVER, NAMESPACE, NODE, PATIENCE, DraWorld, dra_world
+from bench.table import Row, median, ms, percentile
+from compat_tests.apiserver import objects
+from compat_tests.fake_fpga_tools import write_stand_in_tools
+from compat_tests.fake_sysfs import DEFAULT_INTERFACE_ID, build_intel_node
+from compat_tests.fpga_images import NLB3_AFU_ID, build_gbs, write_image
+from compat_tests.kubelet.dra_results import ClaimRef
+from plugin.programming.ids import dashed
+
+ROUNDS = 300
+WARM_UP = 20
+SHARES = 3
+"""Shares prepared on the shared port each round: the first, then the later ones."""
+CONTEXTS = 4
+"""The contexts the loaded image declares (GBS ``total-contexts``): the port's count."""
+SHARED_PORT = "pci-0000-5e-00-0"
+"""Port 0 of an OPAE card: the stand-in ``fpgaconf`` loads it, so the driver knows its image."""
+WHOLE_PORT = "pci-0000-be-00-1"
+"""A virtual function's port holding an AFU the driver did not load: published whole."""
+IMAGE = "nlb3x4.gbs"
+TARGET = 1.05
+
+KINDS = ("first", "later", "whole", "off")
+"""first share, later shares, whole claim with sharing on, whole claim with sharing off."""
+
+
+@dataclass
+class Node:
+    """One emulated node and its serve: claims written allocated, prepared and unprepared
+    as its kubelet does, one claim per call, timed from the kubelet's side."""
+
+    world: DraWorld
+    count: int = 0
+
+    def claim(self, device: str, *, share: str | None = None,
+              config: tuple[dict[str, Any], ...] = ()) -> ClaimRef:
+        """A claim allocated ``device`` (a share of it with ID ``share``, of one context)."""
+        self.count += 1
+        name = f"claim-{self.count}"
+        api = self.world.api
+        api.create_claim(NAMESPACE, name, [("fpga", DRIVER)])
+        extra: dict[str, Any] = {}
+        if share is not None:
+            extra = {"shareID": share, "consumedCapacity": {"contexts": "1"}}
+        obj = api.set_claim_status(NAMESPACE, name, {"allocation": objects.allocation(
+            [objects.result("fpga", DRIVER, NODE, device, **extra)], node_name=NODE,
+            config=config)})
+        return ClaimRef(NAMESPACE, name, obj["metadata"]["uid"], (DRIVER,))
+
+    async def prepare(self, ref: ClaimRef, share: str | None = None) -> float:
+        dra = self.world.kubelet.dra
+        assert dra is not None
+        began = time.perf_counter()
+        outcome = await dra.prepare([ref])
+        took = time.perf_counter() - began
+        result = outcome.result(ref.uid)
+        if not result.ok:
+            raise RuntimeError(f"claim {ref.name} not prepared: {result.error}")
+        answered = {d.share_id for d in result.devices}
+        if share is not None and answered != {share}:
+            raise RuntimeError(f"share {share} of claim {ref.name} answered as {answered}")
+        return took
+
+    async def unprepare(self, ref: ClaimRef) -> float:
+        dra = self.world.kubelet.dra
+        assert dra is not None
+        began = time.perf_counter()
+        outcome = await dra.unprepare([ref])
+        took = time.perf_counter() - began
+        if not outcome.ok:
+            raise RuntimeError(f"claim {ref.name} not unprepared: {outcome.error}")
+        return took
+
+    def published_shared(self, device: str) -> int:
+        """The contexts ``device`` is published shared with in the API server; 0: whole."""
+        for obj in self.world.api.list("resourceslices"):
+            for entry in obj["spec"].get("devices", []):
+                if obj["spec"]["nodeName"] == NODE and entry["name"] == device:
+                    if not entry.get("allowMultipleAllocations"):
+                        return 0
+                    return int(entry["capacity"]["contexts"]["value"])
+        raise RuntimeError(f"device {device} is not published")
+
+
+def _function(afu: str, image: str) -> dict[str, Any]:
+    return {"source": "FromClass", "requests": ["fpga"], "opaque": {"driver": DRIVER,
+            "parameters": {"apiVersion": f"{DRIVER}/v1alpha1", "kind": "FpgaFunction",
+                           "afuID": afu, "image": image}}}
+
+
+@contextlib.asynccontextmanager
+async def _node(root: Path, *share: str) -> AsyncIterator[Node]:
+    """A node of six Intel ports and its serve (programming on, ``share`` flags added)."""
+    root.mkdir()
+    node = build_intel_node(root / "node")
+    library = root / "images"
+    write_image(library, IMAGE, build_gbs(
+        afu_ids=(NLB3_AFU_ID,), interface_id=dashed(DEFAULT_INTERFACE_ID), contexts=CONTEXTS))
+    tools = write_stand_in_tools(root / "tools", node)
+    flags = ("--programming", "on", "--intel-loader", "fpgaconf",
+             "--fpgaconf", str(tools.fpgaconf), "--image-library", str(library), *share)
+    async with dra_world(root, node, 6, root / "serve.stderr", serve=("-m", "plugin"),
+                         flags=flags) as world:
+        yield Node(world)
+
+
+async def _until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + PATIENCE
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not {what} within {PATIENCE:g} s")
+        await asyncio.sleep(0.05)
+
+
+async def _share_the_port(node: Node) -> None:
+    """Load the function onto :data:`SHARED_PORT` through the driver, and release it: the
+    port then holds a function whose image the driver knows, and is published shared."""
+    loads = node.claim(SHARED_PORT, config=(_function(NLB3_AFU_ID, IMAGE),))
+    await node.prepare(loads)
+    await node.unprepare(loads)
+    await _until(lambda: node.published_shared(SHARED_PORT) == CONTEXTS,
+                 f"{SHARED_PORT} published shared with {CONTEXTS} contexts")
+    if node.published_shared(WHOLE_PORT):
+        raise RuntimeError(f"{WHOLE_PORT} is published shared: no whole device to compare")
+
+
+Timed = Callable[[], Coroutine[Any, Any, None]]
+
+
+async def _round(shared: Node, off: Node, prepared: dict[str, list[float]],
+                 unprepared: dict[str, list[float]], turn: int) -> None:
+    """One round: the shares' calls in order, the two whole claims at a place that moves."""
+    refs: list[tuple[ClaimRef, str]] = []
+
+    def prepare_share(index: int) -> Timed:
+        async def call() -> None:
+            share = str(uuid.uuid4())
+            ref = shared.claim(SHARED_PORT, share=share)
+            refs.append((ref, share))
+            prepared["first" if index == 0 else "later"].append(
+                await shared.prepare(ref, share))
+        return call
+
+    def unprepare_share(index: int) -> Timed:
+        async def call() -> None:
+            ref, _ = refs[index]
+            unprepared["last" if index == 0 else "other"].append(await shared.unprepare(ref))
+        return call
+
+    def whole(node: Node, kind: str) -> Timed:
+        async def call() -> None:
+            ref = node.claim(WHOLE_PORT)
+            prepared[kind].append(await node.prepare(ref))
+            unprepared[kind].append(await node.unprepare(ref))
+        return call
+
+    calls = [prepare_share(i) for i in range(SHARES)]
+    calls += [unprepare_share(i) for i in reversed(range(SHARES))]
+    calls.insert(turn % (len(calls) + 1), whole(shared, "whole"))
+    calls.insert((turn + len(calls) // 2) % (len(calls) + 1), whole(off, "off"))
+    for call in calls:
+        await call()
+
+
+async def _measure(root: Path, rounds: int, warm_up: int
+                   ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    prepared: dict[str, list[float]] = {k: [] for k in KINDS}
+    unprepared: dict[str, list[float]] = {k: [] for k in ("last", "other", "whole", "off")}
+    async with _node(root / "shared", "--dra-share", "intel=image") as shared, \
+            _node(root / "off") as off:
+        await _share_the_port(shared)
+        for turn in range(warm_up):
+            await _round(shared, off, {k: [] for k in KINDS},
+                         {k: [] for k in unprepared}, turn)
+        for turn in range(rounds):
+            await _round(shared, off, prepared, unprepared, turn)
+        if shared.world.serve.poll() is not None or off.world.serve.poll() is not None:
+            raise RuntimeError("a serve process ended during the run")
+    return prepared, unprepared
+
+
+def _ratio(over: list[float], under: list[float]) -> float:
+    return median(over) / median(under)
+
+
+def _verdict(ratio: float) -> str:
+    return "met" if ratio <= TARGET else "NOT met"
+
+
+def rows(prepared: dict[str, list[float]], unprepared: dict[str, list[float]]) -> list[Row]:
+    """The table of one run's figures (seconds per call, by kind)."""
+    first, later, whole, off = (prepared[k] for k in KINDS)
+    n = len(first)
+
+    def p50_p90(values: list[float]) -> str:
+        return f"{ms(median(values))} / {ms(percentile(values, 90))}"
+
+    later_first = _ratio(later, first)
+    share_whole = _ratio(later + first, whole)
+    on_off = _ratio(whole, off)
+    return [
+        Row("DRA prepare, first share of a device, p50 / p90", p50_p90(first), "",
+            f"{n} rounds; the port published shared with {CONTEXTS} contexts (its GBS's "
+            "total-contexts), no share holding it; serve --dra-share intel=image"),
+        Row("DRA prepare, later shares, p50 / p90", p50_p90(later), "",
+            f"{SHARES - 1} a round, the earlier shares of the round holding the port"),
+        Row("DRA prepare, later / first share (p50)", f"{later_first:.3f}x", "",
+            "what the other shares' bookkeeping adds"),
+        Row("DRA prepare, whole claim, sharing on, p50 / p90", p50_p90(whole), "",
+            "no configuration, on a port published whole (a function the driver did not "
+            "load), same process, turns interleaved with the shares"),
+        Row("DRA prepare, share / whole claim, sharing on (p50)", f"{share_whole:.3f}x",
+            f"<= {TARGET}x", f"{_verdict(share_whole)}; first and later shares together"),
+        Row("DRA prepare, whole claim, sharing off, p50 / p90", p50_p90(off), "",
+            "the same claim on a second node whose serve has no --dra-share, same flags "
+            "otherwise, turns interleaved"),
+        Row("DRA prepare, whole claim, sharing on / off (p50)", f"{on_off:.3f}x",
+            f"<= {TARGET}x", f"{_verdict(on_off)}; what turning sharing on costs a claim "
+            "that is not a share"),
+        Row("DRA unprepare p50, share (not last) / last share / whole on / whole off",
+            " / ".join(ms(median(unprepared[k])) for k in ("other", "last", "whole", "off")),
+            "", "the last share is the one a class's clearOnUnprepare would run for (none "
+            "here)"),
+        Row("DRA unprepare, share / whole claim, sharing on (p50)",
+            f"{_ratio(unprepared['other'] + unprepared['last'], unprepared['whole']):.3f}x",
+            "", "all shares' unprepares against the whole claim's"),
+    ]
+
+
+def run(rounds: int = ROUNDS, warm_up: int = WARM_UP) -> list[Row]:
+    root = Path(tempfile.mkdtemp(prefix="dpshare", dir="/tmp"))
+    try:
+        prepared, unprepared = asyncio.run(_measure(root, rounds, warm_up))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return rows(prepared, unprepared)
+
+
+if __name__ == "__main__":
+    from bench.table import render
+
+    print(render(run()))
