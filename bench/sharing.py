@@ -16,7 +16,11 @@ kubelet's kept connection:
 
 - the first share of the shared port (published shared, no share holds it), then
   :data:`SHARES` - 1 later shares (the others hold it already); then the shares unprepared,
-  the last one (the one that would run a class's ``clearOnUnprepare``) after the others;
+  the last one (the one that would run a class's ``clearOnUnprepare``) after the others.
+  Every other round a share of a second shared port (:data:`HELD_PORT`) is held throughout:
+  without it, the port's first share is also the node's, which rewrites the claim checkpoint
+  whole under major format 3 (a release before shares refuses that format: the rollback
+  guard), and its last share rewrites it back as format 2;
 - a claim with no configuration on the whole port of the sharing node (sharing on, the claim
   allocated whole), prepared and unprepared;
 - the same on the node without sharing.
@@ -59,6 +63,11 @@ SHARED_PORT = "pci-0000-5e-00-0"
 """Port 0 of an OPAE card: the stand-in ``fpgaconf`` loads it, so the driver knows its image."""
 WHOLE_PORT = "pci-0000-be-00-1"
 """A virtual function's port holding an AFU the driver did not load: published whole."""
+HELD_PORT = "pci-0000-3b-00-0"
+"""A second port loaded and shared the same way: every other round one share of it is held
+(untimed) from before the round's first share to after its last, so that the claim
+checkpoint records a share throughout: its major format stays 3, and the first share of
+:data:`SHARED_PORT` is recorded as one line like any other."""
 IMAGE = "nlb3x4.gbs"
 TARGET = 1.05
 QUIET = 0.01
@@ -67,8 +76,12 @@ leaves work behind (the driver writes the claim's status after answering) that t
 which runs both API servers and kubelets, serves; without a pause the next call would pay
 for it, whichever kind it is: a kubelet's calls for different pods seldom come back to back."""
 
-KINDS = ("first", "later", "whole", "off")
-"""first share, later shares, whole claim with sharing on, whole claim with sharing off."""
+KINDS = ("first", "held", "later", "whole", "off")
+"""First share of the node (no share recorded anywhere), first share of the port while a share
+of another port is held, later shares, whole claim with sharing on, with sharing off."""
+OUT = ("last", "last held", "other", "whole", "off")
+"""Unprepares: the port's last share (with another port's share held, or not), the others,
+the whole claims."""
 
 
 @dataclass
@@ -169,16 +182,14 @@ async def _until(condition: Callable[[], bool], what: str) -> None:
         await asyncio.sleep(0.05)
 
 
-async def _share_the_port(node: Node) -> None:
-    """Load the function onto :data:`SHARED_PORT` through the driver, and release it: the
-    port then holds a function whose image the driver knows, and is published shared."""
-    loads = node.claim(SHARED_PORT, config=(_function(NLB3_AFU_ID, IMAGE),))
+async def _share_the_port(node: Node, port: str) -> None:
+    """Load the function onto ``port`` through the driver, and release it: the port then
+    holds a function whose image the driver knows, and is published shared."""
+    loads = node.claim(port, config=(_function(NLB3_AFU_ID, IMAGE),))
     await node.prepare(loads)
     await node.unprepare(loads)
-    await _until(lambda: node.published_shared(SHARED_PORT) == CONTEXTS,
-                 f"{SHARED_PORT} published shared with {CONTEXTS} contexts")
-    if node.published_shared(WHOLE_PORT):
-        raise RuntimeError(f"{WHOLE_PORT} is published shared: no whole device to compare")
+    await _until(lambda: node.published_shared(port) == CONTEXTS,
+                 f"{port} published shared with {CONTEXTS} contexts")
 
 
 Timed = Callable[[], Coroutine[Any, Any, None]]
@@ -186,22 +197,25 @@ Timed = Callable[[], Coroutine[Any, Any, None]]
 
 async def _round(shared: Node, off: Node, prepared: dict[str, list[float]],
                  unprepared: dict[str, list[float]], turn: int) -> None:
-    """One round: the shares' calls in order, the two whole claims at a place that moves."""
+    """One round: the shares' calls in order, the two whole claims at a place that moves;
+    odd rounds with a share of :data:`HELD_PORT` held throughout."""
     refs: list[tuple[ClaimRef, str]] = []
+    held = turn % 2 == 1
 
     def prepare_share(index: int) -> Timed:
         async def call() -> None:
             share = str(uuid.uuid4())
             ref = shared.claim(SHARED_PORT, share=share)
             refs.append((ref, share))
-            prepared["first" if index == 0 else "later"].append(
-                await shared.prepare(ref, share))
+            kind = ("held" if held else "first") if index == 0 else "later"
+            prepared[kind].append(await shared.prepare(ref, share))
         return call
 
     def unprepare_share(index: int) -> Timed:
         async def call() -> None:
             ref, _ = refs[index]
-            unprepared["last" if index == 0 else "other"].append(await shared.unprepare(ref))
+            kind = ("last held" if held else "last") if index == 0 else "other"
+            unprepared[kind].append(await shared.unprepare(ref))
         return call
 
     def whole(node: Node, kind: str) -> Timed:
@@ -215,18 +229,27 @@ async def _round(shared: Node, off: Node, prepared: dict[str, list[float]],
     calls += [unprepare_share(i) for i in reversed(range(SHARES))]
     calls.insert(turn % (len(calls) + 1), whole(shared, "whole"))
     calls.insert((turn + len(calls) // 2) % (len(calls) + 1), whole(off, "off"))
+    if held:
+        anchor = str(uuid.uuid4())
+        holder = shared.claim(HELD_PORT, share=anchor)
+        await shared.prepare(holder, anchor)
     for call in calls:
         await call()
+    if held:
+        await shared.unprepare(holder)
 
 
 async def _measure(root: Path, rounds: int, warm_up: int
                    ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     prepared: dict[str, list[float]] = {k: [] for k in KINDS}
-    unprepared: dict[str, list[float]] = {k: [] for k in ("last", "other", "whole", "off")}
+    unprepared: dict[str, list[float]] = {k: [] for k in OUT}
     async with _node(root / "shared", "--dra-share", "intel=image") as shared, \
             _node(root / "off") as off:
         shared.all = off.all = [shared.world, off.world]
-        await _share_the_port(shared)
+        await _share_the_port(shared, SHARED_PORT)
+        await _share_the_port(shared, HELD_PORT)
+        if shared.published_shared(WHOLE_PORT):
+            raise RuntimeError(f"{WHOLE_PORT} is published shared: no whole device to compare")
         for turn in range(warm_up):
             await _round(shared, off, {k: [] for k in KINDS},
                          {k: [] for k in unprepared}, turn)
@@ -247,47 +270,51 @@ def _verdict(ratio: float) -> str:
 
 def rows(prepared: dict[str, list[float]], unprepared: dict[str, list[float]]) -> list[Row]:
     """The table of one run's figures (seconds per call, by kind)."""
-    first, later, whole, off = (prepared[k] for k in KINDS)
-    n = len(first)
+    first, held, later, whole, off = (prepared[k] for k in KINDS)
+    last, last_held, other, whole_out, off_out = (unprepared[k] for k in OUT)
 
     def p50_p90(values: list[float]) -> str:
         return f"{ms(median(values))} / {ms(percentile(values, 90))}"
 
-    later_first = _ratio(later, first)
-    later_whole = _ratio(later, whole)
-    first_whole = _ratio(first, whole)
-    on_off = _ratio(whole, off)
-    other, last, whole_out, off_out = (unprepared[k] for k in ("other", "last", "whole", "off"))
+    def versus(name: str, ratio: float, why: str) -> Row:
+        return Row(name, f"{ratio:.3f}x", f"<= {TARGET}x", f"{_verdict(ratio)}; {why}")
+
     return [
-        Row("DRA prepare, first share of a device, p50 / p90", p50_p90(first), "",
-            f"{n} rounds; the port published shared with {CONTEXTS} contexts (its GBS's "
-            "total-contexts), no share holding it; serve --dra-share intel=image"),
+        Row("DRA prepare, first share of a port, none on the node, p50 / p90",
+            p50_p90(first), "",
+            f"{len(first)} rounds; the port published shared with {CONTEXTS} contexts (its "
+            "GBS's total-contexts), no share recorded on the node: the checkpoint is "
+            "rewritten whole as format 3; serve --dra-share intel=image"),
+        Row("DRA prepare, first share of a port, another port's share held, p50 / p90",
+            p50_p90(held), "",
+            f"{len(held)} rounds, taking turns with the row above: no share holds the port, "
+            "the checkpoint stays format 3 (one journal line)"),
         Row("DRA prepare, later shares, p50 / p90", p50_p90(later), "",
             f"{SHARES - 1} a round, the earlier shares of the round holding the port"),
         Row("DRA prepare, whole claim, sharing on, p50 / p90", p50_p90(whole), "",
             "no configuration, on a port published whole (a function the driver did not "
             "load), same process, turns interleaved with the shares"),
-        Row("DRA prepare, later share / whole claim, sharing on (p50)",
-            f"{later_whole:.3f}x", f"<= {TARGET}x",
-            f"{_verdict(later_whole)}; what a share's bookkeeping costs"),
-        Row("DRA prepare, first share / whole claim, sharing on (p50)",
-            f"{first_whole:.3f}x", f"<= {TARGET}x",
-            f"{_verdict(first_whole)}; the first share recorded rewrites the claim "
-            f"checkpoint whole as format 3 (later / first: {later_first:.3f}x)"),
+        versus("DRA prepare, later share / whole claim, sharing on (p50)",
+               _ratio(later, whole), "what a share's bookkeeping costs"),
+        versus("DRA prepare, first share of a port / whole claim (p50)",
+               _ratio(held, whole), "another port's share held"),
+        versus("DRA prepare, first share on the node / whole claim (p50)",
+               _ratio(first, whole), "the checkpoint's rewrite as format 3 (that a release "
+               "before shares refuses) on top"),
         Row("DRA prepare, whole claim, sharing off, p50 / p90", p50_p90(off), "",
             "the same claim on a second node whose serve has no --dra-share, same flags "
             "otherwise, turns interleaved"),
-        Row("DRA prepare, whole claim, sharing on / off (p50)", f"{on_off:.3f}x",
-            f"<= {TARGET}x", f"{_verdict(on_off)}; what turning sharing on costs a claim "
-            "that is not a share"),
-        Row("DRA unprepare p50, share (not last) / last share / whole on / whole off",
-            " / ".join(ms(median(v)) for v in (other, last, whole_out, off_out)), "",
-            "the last share rewrites the checkpoint as format 2 (and is the one a class's "
-            "clearOnUnprepare would run for: none here)"),
+        versus("DRA prepare, whole claim, sharing on / off (p50)", _ratio(whole, off),
+               "what turning sharing on costs a claim that is not a share"),
+        Row("DRA unprepare p50, share (not last) / last share, none left on the node / "
+            "last share, another held / whole on / whole off",
+            " / ".join(ms(median(v)) for v in (other, last, last_held, whole_out, off_out)),
+            "", "the last share on the node rewrites the checkpoint as format 2; a last share "
+            "is the one a class's clearOnUnprepare would run for (none here)"),
         Row("DRA unprepare, share (not last) / whole claim, sharing on (p50)",
             f"{_ratio(other, whole_out):.3f}x", "",
-            f"last share / whole: {_ratio(last, whole_out):.3f}x; whole, sharing on / off: "
-            f"{_ratio(whole_out, off_out):.3f}x"),
+            f"last share, another held / whole: {_ratio(last_held, whole_out):.3f}x; "
+            f"whole, sharing on / off: {_ratio(whole_out, off_out):.3f}x"),
     ]
 
 

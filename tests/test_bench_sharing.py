@@ -26,7 +26,8 @@ def test_python_m_bench_runs_the_sharing_benchmark() -> None:
 def test_a_tiny_run_prints_every_row() -> None:
     rows = sharing.run(rounds=2, warm_up=0)
     values = {row.metric: row.value for row in rows}
-    for metric in ("DRA prepare, first share of a device, p50 / p90",
+    for metric in ("DRA prepare, first share of a port, none on the node, p50 / p90",
+                   "DRA prepare, first share of a port, another port's share held, p50 / p90",
                    "DRA prepare, later shares, p50 / p90",
                    "DRA prepare, whole claim, sharing on, p50 / p90",
                    "DRA prepare, whole claim, sharing off, p50 / p90"):
@@ -34,13 +35,14 @@ def test_a_tiny_run_prints_every_row() -> None:
     ratios = [row for row in rows if row.target]
     assert [row.metric for row in ratios] == [
         "DRA prepare, later share / whole claim, sharing on (p50)",
-        "DRA prepare, first share / whole claim, sharing on (p50)",
+        "DRA prepare, first share of a port / whole claim (p50)",
+        "DRA prepare, first share on the node / whole claim (p50)",
         "DRA prepare, whole claim, sharing on / off (p50)"]
     for row in ratios:
         assert re.fullmatch(r"\d+\.\d{3}x", row.value), row
         assert row.target == "<= 1.05x"
         assert row.note.startswith(("met;", "NOT met;")), row
-    unprepare = values["DRA unprepare p50, share (not last) / last share / whole on / whole off"]
-    assert re.fullmatch(" / ".join([MS] * 4), unprepare), unprepare
+    [unprepare] = [row.value for row in rows if row.metric.startswith("DRA unprepare p50")]
+    assert re.fullmatch(" / ".join([MS] * 5), unprepare), unprepare
     table = render(rows)
     assert all(row.metric in table for row in rows)
