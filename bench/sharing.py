@@ -18,9 +18,9 @@ kubelet's kept connection:
   :data:`SHARES` - 1 later shares (the others hold it already); then the shares unprepared,
   the last one (the one that would run a class's ``clearOnUnprepare``) after the others.
   Every other round a share of a second shared port (:data:`HELD_PORT`) is held throughout:
-  without it, the port's first share is also the node's, which rewrites the claim checkpoint
-  whole under major format 3 (a release before shares refuses that format: the rollback
-  guard), and its last share rewrites it back as format 2;
+  without it, the port's first share is also the node's, which raises the claim
+  checkpoint's header to major format 3 (a release before shares refuses that format: the
+  rollback guard), and its last share rewrites the file whole as format 2;
 - a claim with no configuration on the whole port of the sharing node (sharing on, the claim
   allocated whole), prepared and unprepared;
 - the same on the node without sharing.
@@ -283,8 +283,8 @@ def rows(prepared: dict[str, list[float]], unprepared: dict[str, list[float]]) -
         Row("DRA prepare, first share of a port, none on the node, p50 / p90",
             p50_p90(first), "",
             f"{len(first)} rounds; the port published shared with {CONTEXTS} contexts (its "
-            "GBS's total-contexts), no share recorded on the node: the checkpoint is "
-            "rewritten whole as format 3; serve --dra-share intel=image"),
+            "GBS's total-contexts), no share recorded on the node: the checkpoint's header "
+            "is raised to format 3; serve --dra-share intel=image"),
         Row("DRA prepare, first share of a port, another port's share held, p50 / p90",
             p50_p90(held), "",
             f"{len(held)} rounds, taking turns with the row above: no share holds the port, "
@@ -299,8 +299,8 @@ def rows(prepared: dict[str, list[float]], unprepared: dict[str, list[float]]) -
         versus("DRA prepare, first share of a port / whole claim (p50)",
                _ratio(held, whole), "another port's share held"),
         versus("DRA prepare, first share on the node / whole claim (p50)",
-               _ratio(first, whole), "the checkpoint's rewrite as format 3 (that a release "
-               "before shares refuses) on top"),
+               _ratio(first, whole), "the checkpoint's header raised to format 3 (that a "
+               "release before shares refuses) on top"),
         Row("DRA prepare, whole claim, sharing off, p50 / p90", p50_p90(off), "",
             "the same claim on a second node whose serve has no --dra-share, same flags "
             "otherwise, turns interleaved"),
