@@ -129,6 +129,31 @@ async def test_a_change_is_published_under_a_higher_generation(server, connect):
         assert len(server.find_requests(verb="update", resource="resourceslices")) == writes
 
 
+async def test_a_wake_with_nothing_to_change_asks_the_server_nothing(server, connect):
+    """Every claim a driver that shares devices prepares wakes its publisher (what claims
+    hold decides how a device is published); most change nothing, and must cost the API
+    server nothing either. Someone else's hand on the slices is still undone: the watch
+    sees it."""
+    devices = Devices("unit-0")
+    async with publishing(connect(), devices) as publisher:
+        await until(lambda: device_names(server) == ["unit-0"], "published")
+        await until(lambda: server.find_requests(verb="watch", resource="resourceslices"),
+                    "watched")
+        await asyncio.sleep(0.2)
+        before = len(server.requests)
+        for _ in range(20):
+            publisher.devices_changed()
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)
+        assert [f"{r.verb} {r.resource}" for r in server.requests[before:]] == []
+        [ours] = slices(server)
+        server.delete("resourceslices", ours["metadata"]["name"])
+        await until(lambda: device_names(server) == ["unit-0"], "published again")
+        devices.names.append("unit-1")
+        publisher.devices_changed()
+        await until(lambda: device_names(server) == ["unit-0", "unit-1"], "a change published")
+
+
 async def test_slices_wiped_at_kubelet_start_are_back_within_a_second(server, connect):
     devices = Devices("unit-0", "unit-1")
     async with publishing(connect(), devices):

@@ -16,10 +16,15 @@ journal holds more lines than it is worth (:data:`COMPACT_AFTER`, and at least a
 there are claims, so the rewrite costs O(1) per change), the next change is written as a
 whole new file instead: header and one line holding every claim, into a temporary file
 renamed over the old one on a worker thread. Readers never see a mix of two records.
-The same whole rewrite carries a change of major format (:mod:`.checkpoint_format`: 3 while
-some claim holds a share of a device, else 2): the change that records the first share, or
-removes the last, rewrites the file under the new header, so a line is never appended to
-a file whose header says another format than its records need.
+A change of major format (:mod:`.checkpoint_format`: 3 while some claim holds a share of a
+device, else 2) never leaves a line under a header that says another format than its records
+need. The change that records the first share raises the header in place, one byte (``2``
+to ``3``, the header otherwise this release's own, byte for byte), then appends its line as
+usual: the lines before it are format 2's records, which format 3 reads as they are, and a
+byte cannot be torn. Were the line then not written, the file says 3 with no share, which
+only a release before shares minds (it refuses the file until the next change rewrites it);
+never the other way round. The change that removes the last share rewrites the file whole as
+format 2, so that no share record is left in its journal for a reader of 2 to replay.
 
 Why no fsync: the record only has to outlive the driver process (a pod restart between
 prepare and unprepare), and the page cache does that. A power cut takes the containers and
@@ -65,6 +70,8 @@ from types import MappingProxyType
 
 from plugin.serving.dra.checkpoint_format import (
     FORMAT_MINOR,
+    FORMAT_VERSION,
+    SHARED_FORMAT_VERSION,
     NewerFormat,
     decode,
     header_line,
@@ -205,6 +212,9 @@ class ClaimCheckpoint:
         if not self._lock.locked() and self._appendable(put, remove):
             self._append(put, remove)  # no await in it: nothing else can change the record
             return
+        if not self._lock.locked() and self._raisable(put, remove):
+            self._append(put, remove)
+            return
         await asyncio.shield(self._commit(put, remove))
 
     def _appendable(self, put: list[PreparedClaim], remove: list[str]) -> bool:
@@ -212,6 +222,29 @@ class ClaimCheckpoint:
         major format is the one the record needs after the change."""
         return 0 < self._lines < max(COMPACT_AFTER, len(self._claims) + len(put)) and \
             version_for(bool(self._shared_after(put, remove))) == self._version
+
+    def _raisable(self, put: list[PreparedClaim], remove: list[str]) -> bool:
+        """Whether the change records the first share and the header was raised to format 3
+        in place for its line (see the module docstring); False: the file is rewritten."""
+        if not (0 < self._lines < max(COMPACT_AFTER, len(self._claims) + len(put))) or \
+                self._version != FORMAT_VERSION or not self._shared_after(put, remove):
+            return False
+        old = header_line(FORMAT_VERSION).encode()
+        new = header_line(SHARED_FORMAT_VERSION).encode()
+        [at] = [i for i, (a, b) in enumerate(zip(old, new, strict=True)) if a != b]
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+            try:
+                if os.pread(fd, len(old), 0) != old or os.pwrite(fd, new[at:at + 1], at) != 1:
+                    return False  # another release's header (or minor): written whole
+            finally:
+                os.close(fd)
+        except OSError:
+            return False  # the whole rewrite says why, or succeeds
+        self._version = SHARED_FORMAT_VERSION
+        log.info("claim checkpoint %s raised to format %d: a claim holds a share of a device "
+                 "(a release reading only format 2 refuses it)", self.path, self._version)
+        return True
 
     def _shared_after(self, put: list[PreparedClaim], remove: list[str]) -> frozenset[str]:
         """The claims holding shares once the change is made (put wins over remove, as in
@@ -222,7 +255,7 @@ class ClaimCheckpoint:
 
     async def _commit(self, put: list[PreparedClaim], remove: list[str]) -> None:
         async with self._lock:
-            if self._appendable(put, remove):
+            if self._appendable(put, remove) or self._raisable(put, remove):
                 self._append(put, remove)
                 return
             claims = with_changes(self._claims, put, remove)

@@ -18,7 +18,10 @@ this loop only makes it so, against whatever happens to the slices meanwhile:
 A slice is rewritten only when what this driver would write differs from what it wrote last,
 or when the stored object is not the one it wrote (its resourceVersion moved): the server
 rewrites some values as it stores them (quantities, defaults), so comparing against what it
-stored would rewrite for ever.
+stored would rewrite for ever. A wake that finds the content unchanged (a claim prepared
+while sharing is on: what claims hold decides how a device is published) costs no request,
+unless the watch saw the slices change since they were last listed: the watch, not a list at
+every wake, is what notices someone else's hand.
 """
 
 from __future__ import annotations
@@ -80,6 +83,11 @@ class SlicePublisher:
         self._last_content: list[KubeObject] | None = None
         self._last_version: str | None = None
         self._generation = 0
+        self._seen = 1
+        """Bumped by the watch at every sign that the stored slices are not those written."""
+        self._checked = 0
+        """``_seen`` as it was when a list last found the slices as written (-1: a write
+        since then may have been cut off)."""
         self._taints = True
         self._node_uid: str | None = None
         self._state: object = None
@@ -181,12 +189,17 @@ class SlicePublisher:
         if self._node_uid is None:
             self._node_uid = await self._api.node_uid(self.node)
         content = self._build(version, 0, self._node_uid, self._taints)
+        unchanged = content == self._last_content and version == self._last_version
+        if unchanged and self._checked == self._seen:
+            return
+        seen, self._checked = self._seen, -1
         existing, _ = await self._api.list_slices(self._selector)
         stored = {name_of(o): resource_version_of(o) for o in existing}
-        if (content == self._last_content and version == self._last_version
-                and stored == self._written):
+        if unchanged and stored == self._written:
+            self._checked = seen
             return
         if self._last_content is None and self._adopt(version, content, existing):
+            self._checked = seen
             return
         self._generation = max([self._generation, *map(pool_generation_of, existing)]) + 1
         wanted = self._build(version, self._generation, self._node_uid, self._taints)
@@ -211,6 +224,7 @@ class SlicePublisher:
         self._written = written
         self._last_content = content
         self._last_version = version
+        self._checked = seen
         self.publications += 1
         metrics.dra_slices_published(self.driver)
         log.info("published %d device slice(s) of %s as pool generation %d "
@@ -312,6 +326,7 @@ class SlicePublisher:
         """After a list: wake the reconciler if the slices are not those it wrote, or were
         written in a version the server no longer serves."""
         if stored != self._written or self._api.version != self._last_version:
+            self._seen += 1
             self._wanted.set()
 
     def _notice_event(self, kind: str, obj: Any) -> None:
@@ -319,9 +334,11 @@ class SlicePublisher:
         if kind == "DELETED":
             if name in self._written:
                 log.info("slice %s was deleted (kubelet start?); publishing again", name)
+                self._seen += 1
                 self._wanted.set()
         elif kind in ("ADDED", "MODIFIED") and self._written.get(name) != \
                 resource_version_of(obj):
+            self._seen += 1
             self._wanted.set()
 
     def _say(self, failure: ApiFailure, message: str, level: int) -> None:
