@@ -135,10 +135,8 @@ class DraDriver:
         self._cdi_ids = cdi_ids
         self._api = api
         self._pool: Pool | None = None
-        self._pool_devices: object = None
-        self._pool_held: object = None
-        self._pool_programmable: object = None
-        self._pool_holds: object = None
+        self._pool_made_of: tuple[object, ...] = ()
+        """(devices, device plugin holds, programmable, claim holds, shared contexts)."""
         self._preparer: ClaimPreparer | None = None
         self._health: HealthBroadcaster | None = None
         self._status: ClaimStatusReporter | None = None
@@ -148,19 +146,22 @@ class DraDriver:
         self.service: DraNodeService | None = None
 
     def pool(self) -> Pool:
-        """The pool of the devices now (cached per device set)."""
-        devices = self.feed.current
+        """The pool of the devices now, built again only when what it is made of changed:
+        a share prepared or unprepared changes the claims' holds, but rarely which devices
+        are published shared, and then the pool (and its slices) stay as they are."""
         programmable = self.programmer.generation() if self.programmer is not None else ()
         holds = self.sharing.holds(self._preparer.checkpoint if self._preparer else None)
-        if self._pool is None or self._pool_devices is not devices or self._pool_held is not \
-                self.held or self._pool_programmable != programmable or self._pool_holds != holds:
-            held = {device_id: DEVICE_PLUGIN for device_id in self.held.devices}
-            self._pool = pool_of(self.place.driver, self.place.node, devices, held=held,
-                                 programmable=self.programmer.programmable
-                                 if self.programmer is not None else never,
-                                 shared=self.sharing.contexts(devices, holds))
-            self._pool_devices, self._pool_held = devices, self.held
-            self._pool_programmable, self._pool_holds = programmable, holds
+        made_of = (self.feed.current, self.held, programmable, holds)
+        if self._pool is None or self._pool_made_of[:4] != made_of:
+            shared = self.sharing.contexts(self.feed.current, holds)
+            if self._pool is None or self._pool_made_of[:3] != made_of[:3] \
+                    or self._pool_made_of[4] != shared:
+                held = {device_id: DEVICE_PLUGIN for device_id in self.held.devices}
+                self._pool = pool_of(self.place.driver, self.place.node, self.feed.current,
+                                     held=held, shared=shared,
+                                     programmable=self.programmer.programmable
+                                     if self.programmer is not None else never)
+            self._pool_made_of = (*made_of, shared)
         return self._pool
 
     def device_names(self) -> Mapping[str, str]:
