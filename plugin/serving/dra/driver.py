@@ -63,7 +63,7 @@ from plugin.serving.dra.prepare import ClaimPreparer
 from plugin.serving.dra.publisher import SlicePublisher
 from plugin.serving.dra.service import DraNodeService
 from plugin.serving.dra.share_setting import FamilyShare
-from plugin.serving.dra.sharing import Sharing
+from plugin.serving.dra.sharing import DRAINING, Sharing
 from plugin.serving.holds import HoldWatch
 from plugin.serving.routing import FileIdentity, identity
 from value_types.claims import ClaimAllocation, ClaimRef, DeviceStatusReport
@@ -154,11 +154,12 @@ class DraDriver:
         holds = self.sharing.holds(self._preparer.checkpoint if self._preparer else None)
         if self._pool is None or self._pool_devices is not devices or self._pool_held is not \
                 self.held or self._pool_programmable != programmable or self._pool_holds != holds:
-            held = {device_id: DEVICE_PLUGIN for device_id in self.held.devices}
+            shared = self.sharing.contexts(devices, holds)
+            held = dict.fromkeys(self.sharing.draining(), DRAINING)  # no new share lands
+            held.update((device_id, DEVICE_PLUGIN) for device_id in self.held.devices)
             self._pool = pool_of(self.place.driver, self.place.node, devices, held=held,
                                  programmable=self.programmer.programmable
-                                 if self.programmer is not None else never,
-                                 shared=self.sharing.contexts(devices, holds))
+                                 if self.programmer is not None else never, shared=shared)
             self._pool_devices, self._pool_held = devices, self.held
             self._pool_programmable, self._pool_holds = programmable, holds
         return self._pool
@@ -225,7 +226,8 @@ class DraDriver:
                                                         self._republish),
                 held=self._held_by, programmer=self.programmer,
                 auditor=Auditor(self._claim_told), refused_in_status=self._status.refused,
-                published_contexts=self.published_contexts)
+                published_contexts=self.published_contexts,
+                published_shares=lambda: self.sharing.shared_as)  # as published_contexts
             metrics.follow_dra_prepared_claims(place.driver, checkpoint.held)
             self._health = HealthBroadcaster(place.node, self.feed, self.device_names)
             self._follower = asyncio.create_task(self._follow_devices(),
@@ -287,6 +289,8 @@ class DraDriver:
         assert self._api is not None and self.service is not None, "serve_kubelet first"
         publisher = SlicePublisher(self._api, self.place.node, self.place.driver, self.build)
         self.publisher = publisher
+        if self.programmer is not None:  # a load or a clear ended: no longer draining
+            self.programmer.on_changed = self.sharing.drained(self._republish)
         if self.programmer is not None:  # a loader process's word changed: republish
             self.programmer.on_loaders_changed = partial(
                 asyncio.get_running_loop().call_soon_threadsafe,
