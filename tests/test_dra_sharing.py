@@ -32,6 +32,7 @@ from plugin.serving.dra.shares import SharedAs
 from plugin.serving.dra.sharing import (
     CLOSED,
     DRAINING,
+    MOVED,
     NO_HOLDS,
     UNKNOWN,
     Sharing,
@@ -173,6 +174,16 @@ def test_shares_under_a_setting_that_no_longer_shares_their_device_drain_it() ->
         # A restart: shared as what the device holds now, never below what shares hold.
         assert terms == {A: SharedAs("alveo", HEX, closed)}, text
         assert found[A] >= 2 and terms[A].draining == bool(closed)
+
+
+def test_shares_of_a_device_reloaded_by_hand_under_them_drain_it() -> None:
+    shares = parse_shares("alveo=4")
+    holds = claim_holds(set(), {A: 1})
+    devices = DeviceSet.of([alveo(A, OTHER_UUID)])
+    found = decide(shares, devices, holds, nothing_read, {A: 4})
+    terms = shared_as(shares, devices, holds, nothing_read, found,
+                      {A: SharedAs("alveo", HEX)})
+    assert terms == {A: SharedAs("alveo", HEX, MOVED)} and terms[A].draining
 
 
 async def test_recorded_shares_keep_their_device_shared_with_every_family_off(

@@ -39,7 +39,8 @@ taken from what the device holds after a restart; a share is valid for that func
 A device published shared that must take no new share is **draining**, published with the
 in-use taint and value :data:`DRAINING`: while a load or a clear changes what it holds, and
 while shares hold a device its family's setting no longer shares (turned off at a restart,
-or the image no longer counts): otherwise the scheduler could place a new share on a
+or the image no longer counts) or that holds another function than it was shared with
+(reloaded by hand under them): otherwise the scheduler could place a new share on a
 function about to go, or on a device that is to be published whole.
 """
 
@@ -70,6 +71,7 @@ DRAINING = "draining"
 """Value of the in-use taint (``<driver>/in-use``, NoSchedule) of a device published
 shared that takes no new share now (a label value, as ``DraDevice.held_by``)."""
 CLOSED = "its family's --dra-share setting no longer shares it"
+MOVED = "it holds another function than the one it was shared with (reloaded by hand?)"
 
 
 @dataclass(frozen=True)
@@ -143,7 +145,8 @@ def shared_as(shares: tuple[FamilyShare, ...], devices: DeviceSet, holds: ClaimH
     """Device ID -> what each device of ``found`` (:func:`decide`'s answer) is shared as:
     the function ``before`` says for a device kept as it was published (shares, a claim
     being prepared, a load or a clear hold it), else the one it holds now; draining while
-    something changes it, or while shares hold it and its setting no longer shares it."""
+    something changes it, or while shares hold it and its setting no longer shares it or it
+    holds another function than it was shared with."""
     out: dict[str, SharedAs] = {}
     for device in devices:
         if device.id not in found:
@@ -151,11 +154,14 @@ def shared_as(shares: tuple[FamilyShare, ...], devices: DeviceSet, holds: ClaimH
         kept = device.id in holds.shares or device.id in holds.preparing or \
             device.id in holds.changing
         known = before.get(device.id) if kept else None
+        held = held_function(device)
+        function = known.function_id if known is not None else held
         closed = ""
         if device.id in holds.shares and (_contexts(shares, device, served) or 0) < 2:
             closed = CLOSED
-        out[device.id] = SharedAs(device.backend, known.function_id if known is not None
-                                  else held_function(device), closed,
+        elif device.id in holds.shares and function != held:
+            closed = MOVED
+        out[device.id] = SharedAs(device.backend, function, closed,
                                   device.id in holds.changing)
     return out
 
