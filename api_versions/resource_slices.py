@@ -49,8 +49,10 @@ MAX_DEVICES = 128
 MAX_DEVICES_WITH_TAINTS = 64
 UNHEALTHY_TAINT = "unhealthy"
 IN_USE_TAINT = "in-use"
-"""Key (in the driver's domain) of the taint a device carries while a container still holds
-it through the device plugin after the node moved to DRA; its value names that API."""
+"""Key (in the driver's domain) of the taint a device carries while it is offered to no new
+claim though in use (``DraDevice.held_by``, the taint's value): a container still holds it
+through the device plugin after the node moved to DRA, or shares hold it and it takes no
+new one."""
 TAINT_EFFECT = "NoSchedule"
 MAX_GENERATED_BASE = 58
 """The API server cuts a ``generateName`` to 58 characters before adding its 5 random ones
@@ -154,9 +156,10 @@ def device_shape(version: str, device: DraDevice, driver: str) -> Obj:
             taint["value"] = device.health_code
         taints.append(taint)
     if device.held_by:
-        # Still in use through the other API: visible, with why, but allocated to nobody
-        # (the scheduler skips NoSchedule-tainted devices for claims without a toleration,
-        # and prepare refuses it to one with).
+        # Still in use (through the other API, or by shares): visible, with why, but
+        # allocated to nobody new (the scheduler skips NoSchedule-tainted devices for
+        # claims without a toleration; prepare refuses one with, or, for a share during a
+        # clear, checks the function it was shared with once the clear is over).
         taints.append({"key": f"{driver}/{IN_USE_TAINT}", "value": device.held_by,
                        "effect": TAINT_EFFECT})
     if taints:

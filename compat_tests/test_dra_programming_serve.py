@@ -66,7 +66,8 @@ class World:
     plugin: PluginProcess
     library: Path
     restart: Any
-    """``restart(name)``: the same serve command started anew (same state directory)."""
+    """``restart(name, *flags)``: the same serve command started anew (same state
+    directory), ``flags`` added after the first run's (the last of a flag wins)."""
 
     def published(self) -> dict[str, dict[str, Any]]:
         return {d["name"]: {**{k: next(iter(v.values()))
@@ -134,8 +135,9 @@ async def running(tmp_path: Path, sockdir: Path, logdir: Path, *extra: str,
             "--fpga-describe-local-image", str(tools.describe), "--program-timeout", "20",
             *extra]
         plugin = PluginProcess(sockdir, logdir, extra=arguments).start()
-        world = World(api, kubelet, node, tools, plugin, library, lambda name: PluginProcess(
-            sockdir, logdir, extra=arguments, name=name).start())
+        world = World(api, kubelet, node, tools, plugin, library,
+                      lambda name, *flags: PluginProcess(
+                          sockdir, logdir, extra=[*arguments, *flags], name=name).start())
         try:
             await until(lambda: len(world.published()) == COUNT, "every device published")
             assert kubelet.dra is not None

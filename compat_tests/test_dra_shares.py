@@ -44,6 +44,8 @@ from plugin.serving.dra.claim_cdi import ClaimSpecs, accelerator_env
 from plugin.serving.dra.claim_status import ClaimStatusReporter
 from plugin.serving.dra.function_audit import Auditor
 from plugin.serving.dra.prepare import ClaimPreparer
+from plugin.serving.dra.shares import SharedAs
+from plugin.serving.dra.sharing import CLOSED
 from tests.test_programmer import HEX, PORT, PORT1, ScriptedLoader
 from value_types.claims import ClaimRef, DeviceStatusReport
 from value_types.devices import DeviceSet
@@ -85,6 +87,8 @@ class Node:
             devices=self.devices, rescan=self._rescan, driver=DRIVER, timeout=5.0)
         self.programmer.take_ownership()
         self.published: dict[str, int] = {PORT: 4}
+        self.shared_as: dict[str, SharedAs] = {}
+        """What each device is shared as (the pool's word; empty: not said)."""
         self.events: list[tuple[str, str, str]] = []
         self.status = ClaimStatusReporter(DRIVER, self.devices, self._write_status,
                                           backoff_initial=0.05)
@@ -120,7 +124,8 @@ class Node:
             on_prepared=self.status.prepared, on_unprepared=self.status.unprepared,
             programmer=self.programmer, auditor=Auditor(self._told),
             refused_in_status=self.status.refused,
-            published_contexts=lambda: dict(self.published))
+            published_contexts=lambda: dict(self.published),
+            published_shares=lambda: dict(self.shared_as))
 
     def claim(self, name: str, device: str = "fpga-0", contexts: str | None = "1",
               share: bool = True, config: dict[str, Any] | None = None) -> ClaimRef:
@@ -287,6 +292,44 @@ async def test_a_share_of_the_function_held_is_skipped_and_another_is_refused_na
     loaded = next(c for c in entry["conditions"] if c["type"] == "FunctionLoaded")
     assert (loaded["status"], loaded["reason"]) == ("False", "NotHeld")
     assert entry["data"]["functionOutcome"] == "not_held"
+
+
+async def test_a_share_is_valid_only_for_the_function_its_device_was_shared_with(node):
+    """A share naming no function (its class selects by the held function's attribute) on
+    a device that holds another function now than when it was shared (a clear, a reload by
+    hand): refused naming both, nothing loaded, as a claim naming a function would be."""
+    node.shared_as = {PORT: SharedAs("intel", HEX[NLB0_AFU_ID])}
+    same = node.claim("same")
+    assert (await node.preparer.prepare([same]))[same.uid].ok
+    afu_id = node.card.ports[node.card.cards[PORT].ports[0]].path / "afu_id"
+    afu_id.write_text(HEX[NLB3_AFU_ID] + "\n")  # reloaded by hand, or cleared
+    late = node.claim("late")
+    error = (await node.preparer.prepare([late]))[late.uid].error
+    assert error == (f"claim team/late ({late.uid}): share {node.share_id(late)} of device "
+                     f"node-a/fpga-0 ({PORT}): the device was published shared holding "
+                     f"afuID {NLB0_AFU_ID} and holds afuID {NLB3_AFU_ID} now (cleared or "
+                     "reloaded since); a share is valid only for the function its device was "
+                     "shared with, so nothing was loaded and the claim must be allocated "
+                     "again")
+    assert node.loader.jobs == []
+    assert [(name, reason) for name, reason, _ in node.events] == [("late", "FunctionNotHeld")]
+    await until(lambda: node.entries(late), "the refusal in the claim's status")
+    [entry] = node.entries(late)
+    assert entry["data"]["function"] == f"afuID {NLB0_AFU_ID}"
+    assert entry["data"]["functionOutcome"] == "not_held"
+    # Nothing readable on the device: "nothing".
+    afu_id.write_text("garbled\n")
+    error = (await node.preparer.prepare([late]))[late.uid].error
+    assert f"holding afuID {NLB0_AFU_ID} and holds nothing now" in error, error
+
+
+async def test_a_device_its_setting_no_longer_shares_takes_no_new_share(node):
+    node.shared_as = {PORT: SharedAs("intel", HEX[NLB0_AFU_ID], closed=CLOSED)}
+    late = node.claim("late")
+    error = (await node.preparer.prepare([late]))[late.uid].error
+    assert error == (f"claim team/late ({late.uid}): share {node.share_id(late)} of device "
+                     f"node-a/fpga-0 ({PORT}): the device takes no new share ({CLOSED}); it "
+                     "stays shared only for the shares that hold it already")
 
 
 async def test_only_the_last_share_of_a_device_clears_it(node, caplog):

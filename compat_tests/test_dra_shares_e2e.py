@@ -253,8 +253,10 @@ async def slow_clear(tmp_path: Path, sockdir: Path, logdir: Path) -> AsyncIterat
 
 async def test_a_share_allocated_while_its_card_is_cleared_is_refused_naming_both(
         slow_clear: World) -> None:
-    """The card still publishes the xclbin being cleared away, so the scheduler may give a
-    share of it meanwhile; prepare waits for the clear, then finds the function gone."""
+    """While the clear runs the card is published draining (no new share lands:
+    :mod:`compat_tests.test_dra_shares_draining`), but a scheduler whose view of the slice
+    lags may have given a share of it just before; prepare waits for the clear, then finds
+    the function gone."""
     world = slow_clear
     clearing = "clearing.accelerator.b-com.com"
     share_class(world, clearing, XCLBIN_UUID, xclbin_function(
@@ -262,10 +264,10 @@ async def test_a_share_allocated_while_its_card_is_cleared_is_refused_naming_bot
             "xclbinUUID": CLEAR_UUID, "image": "alveo/clear.xclbin"}))
     last = share(world, "last", 1, clearing)
     await prepared(world, last)
+    late = share(world, "late", 1, clearing)  # from the slice as it was before the clear
     await unprepare(world, last)
     world.api.delete("resourceclaims", "last", NAMESPACE)
     await until(lambda: world.tools.invocations("xbutil"), "the clear started")
-    late = share(world, "late", 1, clearing)
     assert world.published()[CARD]["xclbinUUID"] == XCLBIN_UUID, "still published so"
     assert world.kubelet.dra is not None
     error = (await world.kubelet.dra.prepare([late])).result(late.uid).error

@@ -28,12 +28,17 @@ from plugin.serving.dra.checkpoint import ClaimCheckpoint
 from plugin.serving.dra.inventory import pool_of
 from plugin.serving.dra.prepared import PreparedClaim
 from plugin.serving.dra.share_setting import parse_shares
+from plugin.serving.dra.shares import SharedAs
 from plugin.serving.dra.sharing import (
+    CLOSED,
+    DRAINING,
+    MOVED,
     NO_HOLDS,
     UNKNOWN,
     Sharing,
     claim_holds,
     decide,
+    shared_as,
 )
 from value_types.claims import ClaimRef, PreparedDevice
 from value_types.devices import Device, DeviceSet, Health
@@ -127,6 +132,103 @@ def test_image_asks_what_the_image_serves_for_devices_that_hold_a_function() -> 
     assert decide(parse_shares("alveo=image,intel=image"), NODE_DEVICES, NO_HOLDS, served,
                   {}) == {A: 5}
     assert sorted(asked) == sorted([A, P])  # the device holding nothing is not asked
+
+
+# What a shared device is shared as, and when it drains ---------------------------------------
+
+OTHER_HEX = OTHER_UUID.replace("-", "")
+
+
+def test_a_device_decided_shared_anew_is_shared_as_the_function_it_holds_now() -> None:
+    shares = parse_shares("alveo=4")
+    found = decide(shares, NODE_DEVICES, NO_HOLDS, nothing_read, {})
+    # What it was shared as before is not kept for a device nothing holds: decided anew.
+    before = {A: SharedAs("alveo", OTHER_HEX)}
+    assert shared_as(shares, NODE_DEVICES, NO_HOLDS, nothing_read, found, before) == {
+        A: SharedAs("alveo", HEX)}
+
+
+def test_a_device_a_clear_is_changing_keeps_what_it_was_shared_as_and_drains() -> None:
+    """The clear of the last share's device: the feed may already show the new function,
+    but a share placed before the clear is valid only for the one it was shared with."""
+    shares = parse_shares("alveo=4")
+    holds = claim_holds(set(), {}, changing={A})
+    devices = DeviceSet.of([alveo(A, OTHER_UUID)])
+    found = decide(shares, devices, holds, nothing_read, {A: 4})
+    assert found == {A: 4}
+    before = {A: SharedAs("alveo", HEX)}
+    [terms] = shared_as(shares, devices, holds, nothing_read, found, before).values()
+    assert terms == SharedAs("alveo", HEX, changing=True)
+    assert terms.draining and not terms.closed
+    # A device published whole before the load stays whole while it is changed.
+    assert decide(shares, devices, holds, nothing_read, {}) == {}
+
+
+def test_shares_under_a_setting_that_no_longer_shares_their_device_drain_it() -> None:
+    holds = claim_holds(set(), {A: 1})
+    for text, closed in (("alveo=off", CLOSED), ("alveo=1", CLOSED), ("alveo=4", ""),
+                         ("alveo=2", "")):
+        shares = parse_shares(text)
+        found = decide(shares, NODE_DEVICES, holds, nothing_read, {})
+        terms = shared_as(shares, NODE_DEVICES, holds, nothing_read, found, {})
+        # A restart: shared as what the device holds now, never below what shares hold.
+        assert terms == {A: SharedAs("alveo", HEX, closed)}, text
+        assert found[A] >= 2 and terms[A].draining == bool(closed)
+
+
+def test_shares_of_a_device_reloaded_by_hand_under_them_drain_it() -> None:
+    shares = parse_shares("alveo=4")
+    holds = claim_holds(set(), {A: 1})
+    devices = DeviceSet.of([alveo(A, OTHER_UUID)])
+    found = decide(shares, devices, holds, nothing_read, {A: 4})
+    terms = shared_as(shares, devices, holds, nothing_read, found,
+                      {A: SharedAs("alveo", HEX)})
+    assert terms == {A: SharedAs("alveo", HEX, MOVED)} and terms[A].draining
+
+
+async def test_recorded_shares_keep_their_device_shared_with_every_family_off(
+        tmp_path: Path) -> None:
+    """``--dra-share`` turned off at a restart: the device stays published shared (and
+    draining) while its shares run, and goes whole once they are gone."""
+    sharing = Sharing(parse_shares("alveo=off"), None, None)
+    checkpoint = ClaimCheckpoint(tmp_path / "claims.jsonl")
+    device = PreparedDevice("node-a", "pci-0000-17-00-1", A, ("fpga",), (),
+                            share_id="6b0f6a2e-1c55-4d0e-9a53-0f4b1f2c8d01", contexts=1)
+    await checkpoint.commit(put=[PreparedClaim(ClaimRef("default", "c", "u1"), (device,))])
+    republished: list[str] = []
+    told = sharing.republishing(lambda _claims: None, lambda: republished.append("r"))
+    assert sharing.contexts(NODE_DEVICES, sharing.holds(checkpoint)) == {A: 2}
+    assert sharing.draining() == {A}
+    await checkpoint.commit(remove=["u1"])
+    told(["u1"])
+    assert republished == ["r"], "the last share gone: published again"
+    assert sharing.contexts(NODE_DEVICES, sharing.holds(checkpoint)) == {}
+    assert sharing.draining() == frozenset() and sharing.shared_as == {}
+    told(["u2"])
+    assert republished == ["r"], "nothing shared, nothing recorded: nothing to publish"
+
+
+def test_a_load_ending_republishes_only_where_a_device_is_published_shared() -> None:
+    sharing = Sharing(parse_shares("alveo=4"), None, None)
+    republished: list[str] = []
+    ended = sharing.drained(lambda: republished.append("r"))
+    ended()
+    assert republished == []
+    sharing.contexts(NODE_DEVICES, NO_HOLDS)
+    ended()
+    assert republished == ["r"]
+
+
+@pytest.mark.parametrize("version", ["v1", "v1beta2", "v1beta1"])
+def test_a_draining_device_is_published_shared_with_the_in_use_taint(version: str) -> None:
+    pool = pool_of(DRIVER, NODE, NODE_DEVICES, held={A: DRAINING}, shared={A: 2})
+    [obj] = slices_for(version, pool, 1, UID, taints=True)
+    card = next(fields(version, d) for d in obj["spec"]["devices"]
+                if d["name"] == "pci-0000-17-00-1")
+    assert card["allowMultipleAllocations"] is True
+    assert card["taints"] == [{"key": f"{DRIVER}/in-use", "value": "draining",
+                               "effect": "NoSchedule"}]
+    assert validate(obj, model="1.36", schema_required=True) == []
 
 
 # ``image``: the load record and the image's header ----------------------------------------

@@ -112,8 +112,10 @@ class DraDevice:
     health_reason: str = ""
     health_code: str = ""
     held_by: str = ""
-    """The API through which a running container still holds the device (``device-plugin``
-    after a move to DRA), a label value; empty: free to allocate."""
+    """Why the device is offered to no new claim, a label value: the API through which a
+    running container still holds it (``device-plugin`` after a move to DRA), or
+    ``draining`` (published shared, its shares running, but taking no new one); empty:
+    free to allocate."""
     shared_contexts: int = 0
     """At least 2: the device is published for sharing (``allowMultipleAllocations`` and a
     :data:`CONTEXTS` capacity of that many, each share taking 1 unless it asks more);

@@ -32,6 +32,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
+from functools import partial
 
 from plugin.model.programming import OFF
 from plugin.process import metrics
@@ -93,6 +94,9 @@ class Programmer:
         self.loaders = dict(loaders)
         self.on_loaders_changed: Callable[[], None] = lambda: None
         """Called (from any thread) when :meth:`generation` changes."""
+        self.on_changed: Callable[[], None] = lambda: None
+        """Called (on the event loop) when a load or a clear ends: :meth:`changing` no
+        longer names its device."""
         for loader in self.loaders.values():
             watch = getattr(loader, "watch", None)
             if watch is not None:
@@ -105,6 +109,8 @@ class Programmer:
         self._rescan = rescan
         self._told = told
         self._clearing: set[asyncio.Task[None]] = set()
+        self._clears: Counter[str] = Counter()
+        """Device ID -> clears asked for it and not over yet (from the unprepare that asks)."""
         self._locks: dict[str, asyncio.Lock] = {}
         self._changed = asyncio.Event()
         self._loading: dict[str, asyncio.Task[Outcome]] = {}
@@ -158,6 +164,13 @@ class Programmer:
         """Devices claims are being prepared on now (not yet recorded, or refused)."""
         return frozenset(self._claimed)
 
+    def changing(self) -> frozenset[str]:
+        """Devices a load or a clear is changing now, a clear counting from the unprepare
+        that asks for it (before its load starts): what they hold is about to change, so
+        they are offered to no new share meanwhile (:mod:`plugin.serving.dra.sharing`)."""
+        loading = {d for d, task in self._loading.items() if not task.done()}
+        return frozenset(loading | set(self._clears))
+
     def claim_finished(self, uid: str) -> None:
         """The call preparing claim ``uid`` is over: the claim is recorded (the checkpoint
         speaks for it from now on) or refused."""
@@ -205,7 +218,15 @@ class Programmer:
             task = asyncio.get_running_loop().create_task(
                 self._clear(uid, device_id, clear, holders), name=f"clear {device_id}")
             self._clearing.add(task)
-            task.add_done_callback(self._clearing.discard)
+            self._clears[device_id] += 1
+            task.add_done_callback(partial(self._cleared, device_id))
+
+    def _cleared(self, device_id: str, task: asyncio.Task[None]) -> None:
+        self._clearing.discard(task)
+        self._clears[device_id] -= 1
+        if self._clears[device_id] <= 0:
+            del self._clears[device_id]
+        self.on_changed()
 
     async def _clear(self, uid: str, device_id: str, clear: FunctionSpec,
                      holders: Callable[[str], list[str]]) -> None:
@@ -279,6 +300,7 @@ class Programmer:
         loading = asyncio.create_task(self._locked_load(claim, uid, device_id, spec, holders),
                                       name=f"load onto {device_id}")
         loading.add_done_callback(_retrieved)
+        loading.add_done_callback(lambda _done: self.on_changed())
         self._loading[device_id] = loading
         self._loaded_for[device_id] = (uid, spec.function_id)
         # Shielded: the kubelet giving up on its call must not cut a load off half-way

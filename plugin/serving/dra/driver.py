@@ -63,7 +63,7 @@ from plugin.serving.dra.prepare import ClaimPreparer
 from plugin.serving.dra.publisher import SlicePublisher
 from plugin.serving.dra.service import DraNodeService
 from plugin.serving.dra.share_setting import FamilyShare
-from plugin.serving.dra.sharing import Sharing
+from plugin.serving.dra.sharing import DRAINING, Sharing
 from plugin.serving.holds import HoldWatch
 from plugin.serving.routing import FileIdentity, identity
 from value_types.claims import ClaimAllocation, ClaimRef, DeviceStatusReport
@@ -154,14 +154,16 @@ class DraDriver:
         made_of = (self.feed.current, self.held, programmable, holds)
         if self._pool is None or self._pool_made_of[:4] != made_of:
             shared = self.sharing.contexts(self.feed.current, holds)
+            draining = self.sharing.draining()  # published in use: no new share lands
             if self._pool is None or self._pool_made_of[:3] != made_of[:3] \
-                    or self._pool_made_of[4] != shared:
-                held = {device_id: DEVICE_PLUGIN for device_id in self.held.devices}
+                    or self._pool_made_of[4:] != (shared, draining):
+                held = dict.fromkeys(draining, DRAINING)
+                held.update((device_id, DEVICE_PLUGIN) for device_id in self.held.devices)
                 self._pool = pool_of(self.place.driver, self.place.node, self.feed.current,
                                      held=held, shared=shared,
                                      programmable=self.programmer.programmable
                                      if self.programmer is not None else never)
-            self._pool_made_of = (*made_of, shared)
+            self._pool_made_of = (*made_of, shared, draining)
         return self._pool
 
     def device_names(self) -> Mapping[str, str]:
@@ -226,7 +228,8 @@ class DraDriver:
                                                         self._republish),
                 held=self._held_by, programmer=self.programmer,
                 auditor=Auditor(self._claim_told), refused_in_status=self._status.refused,
-                published_contexts=self.published_contexts)
+                published_contexts=self.published_contexts,
+                published_shares=lambda: self.sharing.shared_as)  # as published_contexts
             metrics.follow_dra_prepared_claims(place.driver, checkpoint.held)
             self._health = HealthBroadcaster(place.node, self.feed, self.device_names)
             self._follower = asyncio.create_task(self._follow_devices(),
@@ -288,6 +291,8 @@ class DraDriver:
         assert self._api is not None and self.service is not None, "serve_kubelet first"
         publisher = SlicePublisher(self._api, self.place.node, self.place.driver, self.build)
         self.publisher = publisher
+        if self.programmer is not None:  # a load or a clear ended: no longer draining
+            self.programmer.on_changed = self.sharing.drained(self._republish)
         if self.programmer is not None:  # a loader process's word changed: republish
             self.programmer.on_loaders_changed = partial(
                 asyncio.get_running_loop().call_soon_threadsafe,

@@ -52,7 +52,7 @@ from plugin.serving.dra.claim_spec_files import remove_specs, share_groups, writ
 from plugin.serving.dra.function_audit import Auditor
 from plugin.serving.dra.prepare_functions import FunctionStep, Refused, RefusedInStatus
 from plugin.serving.dra.prepared import PreparedClaim, describe
-from plugin.serving.dra.shares import PublishedContexts, ShareAdmission
+from plugin.serving.dra.shares import PublishedContexts, PublishedShares, ShareAdmission
 from value_types.claims import (
     AllocationResult,
     ClaimAllocation,
@@ -92,7 +92,8 @@ class ClaimPreparer:
     device (empty when it has nothing to inject); ``read_claim(ref)`` reads the claim from
     the API server. With ``claim_specs`` each claim also gets a CDI spec carrying its
     containers' environment. ``published_contexts()`` names the devices published shared
-    now, with their contexts (device ID -> N; none: every device is published whole).
+    now, with their contexts (device ID -> N; none: every device is published whole), and
+    ``published_shares()`` what each is shared as (the function a share of it is for).
     """
 
     def __init__(self, driver: str, pool_name: str,
@@ -106,7 +107,8 @@ class ClaimPreparer:
                  held: Callable[[], Mapping[str, str]] = dict,
                  programmer: Programmer | None = None, auditor: Auditor | None = None,
                  refused_in_status: RefusedInStatus | None = None,
-                 published_contexts: PublishedContexts = dict) -> None:
+                 published_contexts: PublishedContexts = dict,
+                 published_shares: PublishedShares = dict) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, not {concurrency}")
         self.driver = driver
@@ -126,11 +128,11 @@ class ClaimPreparer:
         self.programmer = programmer
         """Gives devices the function their claim's configuration names (None: a claim
         that names one is refused)."""
-        self.functions = FunctionStep(driver, pool_name, programmer, self._holders, auditor,
-                                      refused_in_status)
         self.shares = ShareAdmission(published_contexts,
                                      lambda: self.checkpoint.claims.values(),
-                                     lambda: self.checkpoint.sharing_claims())
+                                     lambda: self.checkpoint.sharing_claims(), published_shares)
+        self.functions = FunctionStep(driver, pool_name, programmer, self._holders, auditor,
+                                      refused_in_status, self.shares.admitted_as)
 
     # -- prepare ---------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ claim's status, so ``kubectl describe resourceclaim`` says why without the pod's
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from plugin.process import metrics
 from plugin.programming.function_config import (
@@ -27,7 +27,7 @@ from plugin.programming.outcome import Outcome
 from plugin.programming.programmer import Programmer, ProgrammingRefused
 from plugin.serving.dra import function_audit as audit
 from plugin.serving.dra.prepared import describe
-from plugin.serving.dra.shares import function_not_held
+from plugin.serving.dra.shares import SharedAs, function_not_held, not_shared_function
 from value_types.claims import ClaimAllocation, ClaimRef, PreparedDevice
 
 NOT_ALLOWED = "not_allowed"
@@ -43,6 +43,8 @@ class Refused(Exception):
 Holders = Callable[[str, str], list[str]]
 """(claim UID, device ID) -> the other recorded claims that hold the device."""
 RefusedInStatus = Callable[[ClaimRef, Sequence[audit.FunctionAudit]], None]
+AdmittedAs = Callable[[str], Mapping[str, SharedAs]]
+"""Claim UID -> what each device it holds a share of was shared as when it was let in."""
 
 
 class FunctionStep:
@@ -50,8 +52,10 @@ class FunctionStep:
 
     def __init__(self, driver: str, node: str, programmer: Programmer | None,
                  holders: Holders, auditor: audit.Auditor | None = None,
-                 refused_in_status: RefusedInStatus | None = None) -> None:
+                 refused_in_status: RefusedInStatus | None = None,
+                 admitted_as: AdmittedAs = lambda _uid: {}) -> None:
         self.driver = driver
+        self._admitted_as = admitted_as
         self.node = node
         self.programmer = programmer
         self.auditor = auditor or audit.Auditor()
@@ -90,7 +94,8 @@ class FunctionStep:
                                                 why, functions) for d, s in wanted])
                 raise Refused(f"claim {describe(ref)} names a function to load, and {why}")
             return ()
-        shared = [(d, s) for d, s in wanted if d.share_id is not None]
+        specs = dict(wanted)
+        shared = [(d, specs.get(d)) for d in devices if d.share_id is not None]
         wanted = [(d, s) for d, s in wanted if d.share_id is None]
         try:
             # No answer while a load (a clear, another claim's) is changing a device.
@@ -121,21 +126,35 @@ class FunctionStep:
             raise Refused(f"claim {describe(ref)}: {refusal}") from None
 
     async def _held_by_shares(self, ref: ClaimRef, allocation: ClaimAllocation,
-                              shared: list[tuple[PreparedDevice, FunctionSpec]],
+                              shared: list[tuple[PreparedDevice, FunctionSpec | None]],
                               functions: ClaimFunctions) -> list[Outcome]:
-        """A share's function must be the one its device holds (a share never programs):
-        ``skipped`` for each that is, :class:`Refused` naming both functions when any is
-        not, before anything of the claim is loaded."""
+        """A share's function must be the one its device holds (a share never programs),
+        and the device must still hold the function it was shared with when the share was
+        let in (a clear may have run since; it was waited for): ``skipped`` for each share
+        whose claim names a function, :class:`Refused` naming both functions when any
+        share fails either, before anything of the claim is loaded."""
         assert self.programmer is not None
         outcomes: list[Outcome] = []
         refusals: list[audit.FunctionAudit] = []
+        admitted = self._admitted_as(ref.uid)
         for device, spec in shared:
             held = await self.programmer.held_now(device.device_id)
-            why = function_not_held(device, spec, held)
+            shared_as = admitted.get(device.device_id)
+            why = function_not_held(device, spec, held) if spec is not None else None
+            if why is None and shared_as is not None:
+                why = not_shared_function(device, shared_as, held)
             if why is not None:
-                metrics.dra_programming(self.driver, spec.family, "", NOT_HELD, 0.0)
-                refusals.append(self._audit(audit.NOT_HELD, ref, allocation, device, spec,
-                                            None, why, functions))
+                if spec is not None:
+                    family, record = spec.family, self._audit(
+                        audit.NOT_HELD, ref, allocation, device, spec, None, why, functions)
+                else:
+                    assert shared_as is not None
+                    family, record = shared_as.family, self._share_audit(
+                        ref, allocation, device, shared_as, why)
+                metrics.dra_programming(self.driver, family, "", NOT_HELD, 0.0)
+                refusals.append(record)
+                continue
+            if spec is None:  # a share naming no function: nothing to say it skipped
                 continue
             outcome = Outcome(device.device_id, spec, OUTCOME_SKIPPED)
             metrics.dra_programming(self.driver, spec.family, "", OUTCOME_SKIPPED, 0.0)
@@ -170,6 +189,20 @@ class FunctionStep:
             self.auditor.record(record)
         if self.refused_in_status is not None and audits:
             self.refused_in_status(ref, audits)
+
+    def _share_audit(self, ref: ClaimRef, allocation: ClaimAllocation,
+                     device: PreparedDevice, shared_as: SharedAs,
+                     why: str) -> audit.FunctionAudit:
+        """The record of a share whose claim names no function, refused because its device
+        no longer holds the function it was shared with: that function is the one the
+        share was for."""
+        return audit.FunctionAudit(
+            outcome=audit.NOT_HELD, namespace=ref.namespace, claim=ref.name, uid=ref.uid,
+            pods=allocation.reserved_for,
+            device_class=ClaimFunctions((), allocation.classes).class_of(device.requests[0]),
+            function=shared_as.shown(), image=None, sha256=None, node=self.node,
+            device=f"{device.pool}/{device.device}", device_id=device.device_id,
+            detail=why, share_id=device.share_id)
 
     def _audit(self, outcome: str, ref: ClaimRef, allocation: ClaimAllocation,
                device: PreparedDevice, spec: FunctionSpec, sha256: str | None, detail: str,

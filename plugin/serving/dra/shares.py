@@ -16,7 +16,13 @@ and what its checkpoint records, and refuses rather than hand one device to two 
 * the shares of a device, this claim's and every other claim's, never hold more contexts
   than the device has;
 * the function a share needs must be the one the device holds: a share never programs
-  (:func:`function_not_held`), so a claim whose function differs is refused naming both.
+  (:func:`function_not_held`), so a claim whose function differs is refused naming both;
+* a share is valid only for the function its device held when it was published shared
+  (:class:`SharedAs`, taken when the share is let in): a clear (or a reload by hand) that
+  ran in between leaves the device holding something its class never selected, and the
+  share is refused naming both (:func:`not_shared_function`), whatever the claim names;
+* a device whose setting no longer shares it (:attr:`SharedAs.closed`) takes no new share,
+  only the ones recorded already.
 
 Claims being prepared now count as holders too (:meth:`ShareAdmission.admit` reserves what
 it let in until the call records or refuses the claim), so two shares of one call, or of two
@@ -26,9 +32,10 @@ calls at once, cannot both take the last context.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from plugin.model.allocation import name_some
-from plugin.programming.function_config import FunctionSpec
+from plugin.programming.function_config import FUNCTION_FIELDS, FunctionSpec
 from plugin.programming.ids import dashed
 from plugin.serving.dra.holdings import holdings_of, holds_a_share
 from plugin.serving.dra.prepared import PreparedClaim, describe
@@ -36,6 +43,45 @@ from value_types.claims import ClaimRef, PreparedDevice
 
 PublishedContexts = Callable[[], Mapping[str, int]]
 """Device ID -> contexts of each device published shared now (absent: published whole)."""
+
+
+_FIELDS = {family: name for name, family in FUNCTION_FIELDS.items()}
+
+
+@dataclass(frozen=True)
+class SharedAs:
+    """What a device published shared is shared as: the function it held when it was
+    decided shared (``function_id`` normalised; None: nothing this driver can read), and
+    whether it takes new shares."""
+
+    family: str
+    function_id: str | None
+    closed: str = ""
+    """Why the device takes no new share, only those recorded already (its family's
+    setting no longer shares it); empty: it takes them while it has contexts left."""
+    changing: bool = False
+    """A clear or a load is changing what the device holds: a share let in meanwhile
+    waits for it, then must find ``function_id`` still there."""
+
+    @property
+    def draining(self) -> bool:
+        """Whether the device is published so that no new share lands on it."""
+        return bool(self.closed) or self.changing
+
+    def shown(self) -> str:
+        return held_shown(self.family, self.function_id)
+
+
+def held_shown(family: str, function_id: str | None) -> str:
+    """A function a device of ``family`` holds, as users and vendor tools print it."""
+    if not function_id:
+        return "nothing"
+    field = _FIELDS.get(family, "function")
+    return f"{field} {function_id if family == 'aws' else dashed(function_id)}"
+
+
+PublishedShares = Callable[[], Mapping[str, SharedAs]]
+"""Device ID -> what each device published shared now is shared as."""
 
 
 def where(device: PreparedDevice) -> str:
@@ -48,16 +94,23 @@ class ShareAdmission:
     ``published_contexts()`` says which devices are published shared now, with how many
     contexts; ``recorded()`` gives the claims the checkpoint holds, ``sharing()`` those of
     them that hold a share: all a claim allocated whole must be checked against, so the
-    common case (no share anywhere) costs nothing per recorded claim."""
+    common case (no share anywhere) costs nothing per recorded claim. ``published_shares()``
+    is read right after ``published_contexts()``, and says what each of those devices is
+    shared as (from the same decision)."""
 
     def __init__(self, published_contexts: PublishedContexts,
                  recorded: Callable[[], Iterable[PreparedClaim]],
-                 sharing: Callable[[], Iterable[PreparedClaim]]) -> None:
+                 sharing: Callable[[], Iterable[PreparedClaim]],
+                 published_shares: PublishedShares = dict) -> None:
         self._published = published_contexts
+        self._shared_as = published_shares
         self._recorded = recorded
         self._sharing = sharing
         self._pending: dict[str, PreparedClaim] = {}
         """Claim UID -> the devices it was let in with, until recorded or refused."""
+        self._admitted_as: dict[str, dict[str, SharedAs]] = {}
+        """Claim UID -> what each device it holds a share of was shared as when the claim
+        was let in, until recorded or refused."""
 
     def admit(self, ref: ClaimRef, devices: Sequence[PreparedDevice]) -> str | None:
         """Check ``devices`` (the claim's, with their share IDs and contexts) against every
@@ -73,6 +126,7 @@ class ShareAdmission:
             return None
         held = holdings_of(others.values())
         published = self._published() if shares else {}
+        shared_as = self._shared_as() if shares else {}
         problems: list[str] = []
         asked: dict[str, tuple[PreparedDevice, int]] = {}
         for device in devices:
@@ -91,6 +145,10 @@ class ShareAdmission:
             elif device.device_id in held.whole:
                 problems.append(f"share {device.share_id} of {where(device)}: the device is "
                                 f"held whole by {holders}")
+            elif (closed := _closed(shared_as.get(device.device_id))):
+                problems.append(f"share {device.share_id} of {where(device)}: the device "
+                                f"takes no new share ({closed}); it stays shared only for "
+                                "the shares that hold it already")
             else:
                 _, before = asked.get(device.device_id, (device, 0))
                 asked[device.device_id] = (device, before + (device.contexts or 1))
@@ -104,12 +162,25 @@ class ShareAdmission:
         if problems:
             return f"claim {describe(ref)}: {'; '.join(problems)}"
         self._pending[ref.uid] = PreparedClaim(ref, tuple(devices))
+        self._admitted_as[ref.uid] = {d.device_id: shared_as[d.device_id] for d in devices
+                                      if d.share_id and d.device_id in shared_as}
         return None
+
+    def admitted_as(self, uid: str) -> Mapping[str, SharedAs]:
+        """Device ID -> what it was shared as when claim ``uid`` was let in (a device the
+        claim holds whole, or one no :data:`PublishedShares` spoke of, is absent): the
+        function its share is valid for, checked once no load is changing the device."""
+        return self._admitted_as.get(uid, {})
 
     def release(self, uid: str) -> None:
         """The call preparing claim ``uid`` is over: recorded (the checkpoint speaks for it
         now) or refused."""
         self._pending.pop(uid, None)
+        self._admitted_as.pop(uid, None)
+
+
+def _closed(shared_as: SharedAs | None) -> str:
+    return shared_as.closed if shared_as is not None else ""
 
 
 def shown(spec: FunctionSpec, function_id: str | None) -> str:
@@ -117,6 +188,21 @@ def shown(spec: FunctionSpec, function_id: str | None) -> str:
     if not function_id:
         return "no function this driver can read"
     return f"{spec.field} {function_id if spec.family == 'aws' else dashed(function_id)}"
+
+
+def not_shared_function(device: PreparedDevice, shared_as: SharedAs,
+                        held: str | None) -> str | None:
+    """Why a share of ``device``, let in while it was published shared as ``shared_as``,
+    cannot be prepared now that it holds ``held`` (None: nothing, or nothing readable), or
+    None when it still holds that function. What a class selected (the held function's
+    attribute) was true of the device when it was shared, not after a clear or a reload."""
+    if held is not None and held == shared_as.function_id:
+        return None
+    return (f"share {device.share_id} of {where(device)}: the device was published shared "
+            f"holding {shared_as.shown()} and holds {held_shown(shared_as.family, held)} "
+            "now (cleared or reloaded since); a share is valid only for the function its "
+            "device was shared with, so nothing was loaded and the claim must be allocated "
+            "again")
 
 
 def function_not_held(device: PreparedDevice, spec: FunctionSpec,

@@ -25,9 +25,23 @@ claim holds whole is published whole (no new owner may join it); a device shares
 the N it was published with, even if the setting or the image would now say otherwise, so
 a share's contexts never vanish under it; a device a claim is being prepared on keeps what it
 was published as until the claim is recorded (a claim loading a shareable function must not
-see its device offered to others before it holds it). Built by :func:`claim_holds` from
-plain sets, which is all the checkpoint needs to give (:func:`holds_of`). While the record
-cannot be read, nothing is published shared.
+see its device offered to others before it holds it), and so does a device a load or a clear
+is changing (the programmer's word: a clear of the last share's device runs after that share
+is gone). Built by :func:`claim_holds` from plain sets, which is all the checkpoint needs to
+give (:func:`holds_of`). While the record cannot be read, nothing is published shared. The N
+remembered is this process's: a restarted driver works it out again from the setting and
+the image, never below what the recorded shares hold.
+
+What each device published shared is shared as (:func:`shared_as`,
+:class:`~plugin.serving.dra.shares.SharedAs`) goes with it: the function it held when it
+was decided shared, kept while it is kept shared (so a clear under way does not change it),
+taken from what the device holds after a restart; a share is valid for that function only.
+A device published shared that must take no new share is **draining**, published with the
+in-use taint and value :data:`DRAINING`: while a load or a clear changes what it holds, and
+while shares hold a device its family's setting no longer shares (turned off at a restart,
+or the image no longer counts) or that holds another function than it was shared with
+(reloaded by hand under them): otherwise the scheduler could place a new share on a
+function about to go, or on a device that is to be published whole.
 """
 
 from __future__ import annotations
@@ -46,11 +60,18 @@ from plugin.serving.dra.checkpoint import ClaimCheckpoint
 from plugin.serving.dra.holdings import holdings_of
 from plugin.serving.dra.prepared import PreparedClaim
 from plugin.serving.dra.share_setting import FamilyShare, setting_of, sharing_on
+from plugin.serving.dra.shares import SharedAs
 from value_types.devices import Device, DeviceSet
 
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
+
+DRAINING = "draining"
+"""Value of the in-use taint (``<driver>/in-use``, NoSchedule) of a device published
+shared that takes no new share now (a label value, as ``DraDevice.held_by``)."""
+CLOSED = "its family's --dra-share setting no longer shares it"
+MOVED = "it holds another function than the one it was shared with (reloaded by hand?)"
 
 
 @dataclass(frozen=True)
@@ -63,6 +84,9 @@ class ClaimHolds:
     preparing: frozenset[str] = frozenset()
     """Devices claims are being prepared on, not recorded yet: each keeps what it was
     published as, so a device a claim is loading for is not offered to others meanwhile."""
+    changing: frozenset[str] = frozenset()
+    """Devices a load or a clear is changing (the programmer's word): each keeps what it
+    was published as, draining."""
     unknown: bool = False
     """The record cannot be read (not yet, or not by this release): every device counts as
     held whole, so none is offered to a second owner on a guess."""
@@ -73,18 +97,20 @@ UNKNOWN = ClaimHolds(unknown=True)
 
 
 def claim_holds(whole: Iterable[str], shares: Mapping[str, int],
-                preparing: Iterable[str] = ()) -> ClaimHolds:
+                preparing: Iterable[str] = (), changing: Iterable[str] = ()) -> ClaimHolds:
     """The holds of the checkpoint's claims: devices held whole, and device ID -> contexts
-    held by shares (a device with shares is in ``shares`` even at 0 contexts); and the
-    devices claims are being prepared on."""
-    return ClaimHolds(frozenset(whole), MappingProxyType(dict(shares)), frozenset(preparing))
+    held by shares (a device with shares is in ``shares`` even at 0 contexts); the devices
+    claims are being prepared on, and those a load or a clear is changing."""
+    return ClaimHolds(frozenset(whole), MappingProxyType(dict(shares)), frozenset(preparing),
+                      frozenset(changing))
 
 
-def holds_of(claims: Iterable[PreparedClaim], preparing: Iterable[str] = ()) -> ClaimHolds:
+def holds_of(claims: Iterable[PreparedClaim], preparing: Iterable[str] = (),
+             changing: Iterable[str] = ()) -> ClaimHolds:
     """What the recorded claims hold: a device listed without a share ID is held whole; a
     share counts its contexts (:func:`~plugin.serving.dra.holdings.holdings_of`)."""
     holdings = holdings_of(claims)
-    return claim_holds(holdings.whole, holdings.shared, preparing)
+    return claim_holds(holdings.whole, holdings.shared, preparing, changing)
 
 
 def decide(shares: tuple[FamilyShare, ...], devices: DeviceSet, holds: ClaimHolds,
@@ -103,7 +129,7 @@ def decide(shares: tuple[FamilyShare, ...], devices: DeviceSet, holds: ClaimHold
             kept = before.get(device.id) or _contexts(shares, device, served) or 0
             found[device.id] = max(kept, 2, holds.shares[device.id])
             continue
-        if device.id in holds.preparing:
+        if device.id in holds.preparing or device.id in holds.changing:
             if before.get(device.id, 0) >= 2:
                 found[device.id] = before[device.id]
             continue
@@ -111,6 +137,33 @@ def decide(shares: tuple[FamilyShare, ...], devices: DeviceSet, holds: ClaimHold
         if contexts is not None and contexts >= 2:
             found[device.id] = contexts
     return found
+
+
+def shared_as(shares: tuple[FamilyShare, ...], devices: DeviceSet, holds: ClaimHolds,
+              served: Callable[[Device], int | None], found: Mapping[str, int],
+              before: Mapping[str, SharedAs]) -> dict[str, SharedAs]:
+    """Device ID -> what each device of ``found`` (:func:`decide`'s answer) is shared as:
+    the function ``before`` says for a device kept as it was published (shares, a claim
+    being prepared, a load or a clear hold it), else the one it holds now; draining while
+    something changes it, or while shares hold it and its setting no longer shares it or it
+    holds another function than it was shared with."""
+    out: dict[str, SharedAs] = {}
+    for device in devices:
+        if device.id not in found:
+            continue
+        kept = device.id in holds.shares or device.id in holds.preparing or \
+            device.id in holds.changing
+        known = before.get(device.id) if kept else None
+        held = held_function(device)
+        function = known.function_id if known is not None else held
+        closed = ""
+        if device.id in holds.shares and (_contexts(shares, device, served) or 0) < 2:
+            closed = CLOSED
+        elif device.id in holds.shares and function != held:
+            closed = MOVED
+        out[device.id] = SharedAs(device.backend, function, closed,
+                                  device.id in holds.changing)
+    return out
 
 
 def _contexts(shares: tuple[FamilyShare, ...], device: Device,
@@ -127,14 +180,18 @@ class Sharing:
 
     def __init__(self, shares: tuple[FamilyShare, ...], checks: ImageChecks | None,
                  state_dir: Path | None,
-                 preparing: Callable[[], frozenset[str]] = frozenset) -> None:
+                 preparing: Callable[[], frozenset[str]] = frozenset,
+                 changing: Callable[[], frozenset[str]] = frozenset) -> None:
         self.shares = shares
         self._preparing = preparing
         """The devices claims are being prepared on now (the programmer's word)."""
+        self._changing = changing
+        """The devices a load or a clear is changing now (the programmer's word)."""
         self.enabled = sharing_on(shares)
         self._checks = checks
         self._state_dir = state_dir
         self._published: dict[str, int] = {}
+        self._shared_as: dict[str, SharedAs] = {}
         self._said: set[tuple[str, str, str]] = set()
         self._holds: tuple[object, ClaimHolds] = (None, NO_HOLDS)
 
@@ -142,37 +199,46 @@ class Sharing:
     def of(cls, shares: tuple[FamilyShare, ...], programmer: Programmer | None) -> Sharing:
         """The decision for ``shares``, reading images through ``programmer``'s checks and
         its load records (where it keeps none, ``image`` finds no image to ask)."""
-        records = programmer.records.path if programmer is not None else None
-        return cls(shares, programmer.checks if programmer is not None else None,
-                   records.parent if records is not None else None,
-                   programmer.preparing if programmer is not None else frozenset)
+        if programmer is None:
+            return cls(shares, None, None)
+        records = programmer.records.path
+        return cls(shares, programmer.checks, records.parent if records is not None else None,
+                   programmer.preparing, programmer.changing)
 
     def republishing(self, observer: Callable[[_T], None], republish: Callable[[], None]
                      ) -> Callable[[_T], None]:
         """``observer`` of prepared or unprepared claims, followed by ``republish`` where
-        devices are shared: what claims hold decides whether a device is published shared."""
-        if not self.enabled:
-            return observer
-
+        devices are shared, or shares are recorded (the setting turned off under them):
+        what claims hold decides whether a device is published shared."""
         def changed(claims: _T) -> None:
             observer(claims)
-            republish()
+            if self.enabled or self._holds[1].shares:
+                republish()
         return changed
+
+    def drained(self, republish: Callable[[], None]) -> Callable[[], None]:
+        """What to call when a load or a clear ends: ``republish`` if a device is published
+        shared (the one it changed was published draining meanwhile)."""
+        def ended() -> None:
+            if self._published:
+                republish()
+        return ended
 
     def holds(self, checkpoint: ClaimCheckpoint | None) -> ClaimHolds:
         """What the claims ``checkpoint`` records hold, worked out again only when the record
-        (or the devices claims are being prepared on) changed; none while nothing is shared.
-        A record not read yet is never read here (only the instance holding the driver's
-        socket reads it): until it is, and while it cannot be, the holds are
-        :data:`UNKNOWN`."""
-        if not self.enabled:
-            return NO_HOLDS
+        (or the devices claims are being prepared on) changed; none while no family is
+        shared and no share is recorded. A record not read yet is never read here (only the
+        instance holding the driver's socket reads it): until it is, and while it cannot be,
+        the holds are :data:`UNKNOWN` where a family is shared."""
         if checkpoint is None or checkpoint.held() is None:
-            return UNKNOWN
-        preparing = self._preparing()
-        key = (id(checkpoint), checkpoint.writes, checkpoint.held(), preparing)
+            return UNKNOWN if self.enabled else NO_HOLDS
+        if not self.enabled and not checkpoint.sharing_claims():
+            self._holds = (None, NO_HOLDS)
+            return NO_HOLDS
+        preparing, changing = self._preparing(), self._changing()
+        key = (id(checkpoint), checkpoint.writes, checkpoint.held(), preparing, changing)
         if self._holds[0] != key:
-            self._holds = (key, holds_of(checkpoint.claims.values(), preparing))
+            self._holds = (key, holds_of(checkpoint.claims.values(), preparing, changing))
         return self._holds[1]
 
     @property
@@ -180,16 +246,31 @@ class Sharing:
         """Device ID -> N of the devices last decided shared (what the pool publishes)."""
         return MappingProxyType(self._published)
 
+    @property
+    def shared_as(self) -> Mapping[str, SharedAs]:
+        """Device ID -> what each device last decided shared is shared as: the function a
+        share of it is for, and whether it is draining."""
+        return MappingProxyType(self._shared_as)
+
+    def draining(self) -> frozenset[str]:
+        """The devices last decided shared that take no new share now."""
+        return frozenset(d for d, terms in self._shared_as.items() if terms.draining)
+
     def contexts(self, devices: DeviceSet, holds: ClaimHolds) -> Mapping[str, int]:
-        """Device ID -> N for the devices published shared now (empty: sharing is off)."""
-        if not self.enabled:
+        """Device ID -> N for the devices published shared now (empty: sharing is off, and
+        no share is recorded)."""
+        if not self.enabled and not holds.shares:
+            self._published, self._shared_as = {}, {}
             return {}
         records: dict[str, LoadRecord] = {}
         if any(s.contexts is None for s in self.shares) and self._state_dir is not None:
             records = read_records(self._state_dir)
-        found = decide(self.shares, devices, holds,
-                       lambda device: self._served(device, records.get(device.id)),
-                       self._published)
+        def served(device: Device) -> int | None:
+            return self._served(device, records.get(device.id))
+
+        found = decide(self.shares, devices, holds, served, self._published)
+        self._shared_as = shared_as(self.shares, devices, holds, served, found,
+                                    self._shared_as)
         self._published = found
         return found
 
