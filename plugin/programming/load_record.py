@@ -13,8 +13,10 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import MappingProxyType
 
 from plugin.serving.files import replace_atomically
 
@@ -40,6 +42,25 @@ class LoadRecords:
 
     def __init__(self, state_dir: Path | None) -> None:
         self.path = None if state_dir is None else state_dir / FILE_NAME
+        self._read: tuple[object, Mapping[str, LoadRecord]] = (None, MappingProxyType({}))
+
+    def current(self) -> Mapping[str, LoadRecord]:
+        """The records the file holds now, read again only when a ``stat`` says it changed
+        (every write replaces it: a new inode): the DRA driver's sharing decision asks on
+        every change of what its claims hold, and a read and parse each time would be paid
+        by every prepare."""
+        if self.path is None:
+            return MappingProxyType({})
+        try:
+            stat = self.path.stat()
+        except FileNotFoundError:
+            return MappingProxyType({})
+        except OSError:
+            stat = None
+        key = None if stat is None else (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+        if key is None or key != self._read[0]:
+            self._read = (key, MappingProxyType(read_records(self.path.parent)))
+        return self._read[1]
 
     def loaded(self, device_id: str, record: LoadRecord) -> None:
         """Record a load that succeeded; a write that fails costs ``discover`` its digest,

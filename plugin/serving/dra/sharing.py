@@ -54,7 +54,7 @@ from types import MappingProxyType
 from typing import TypeVar
 
 from plugin.programming.image_checks import ImageChecks, held_function
-from plugin.programming.load_record import LoadRecord, read_records
+from plugin.programming.load_record import LoadRecord, LoadRecords
 from plugin.programming.programmer import Programmer
 from plugin.serving.dra.checkpoint import ClaimCheckpoint
 from plugin.serving.dra.holdings import holdings_of
@@ -189,7 +189,7 @@ class Sharing:
         """The devices a load or a clear is changing now (the programmer's word)."""
         self.enabled = sharing_on(shares)
         self._checks = checks
-        self._state_dir = state_dir
+        self._records = LoadRecords(state_dir)
         self._published: dict[str, int] = {}
         self._shared_as: dict[str, SharedAs] = {}
         self._said: set[tuple[str, str, str]] = set()
@@ -262,9 +262,9 @@ class Sharing:
         if not self.enabled and not holds.shares:
             self._published, self._shared_as = {}, {}
             return {}
-        records: dict[str, LoadRecord] = {}
-        if any(s.contexts is None for s in self.shares) and self._state_dir is not None:
-            records = read_records(self._state_dir)
+        records: Mapping[str, LoadRecord] = {}
+        if any(s.contexts is None for s in self.shares):
+            records = self._records.current()
         def served(device: Device) -> int | None:
             return self._served(device, records.get(device.id))
 
