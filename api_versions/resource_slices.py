@@ -206,3 +206,22 @@ def dropped_taints(version: str, sent: Mapping[str, Any], stored: Mapping[str, A
     """
     before, after = _taints_by_device(version, sent), _taints_by_device(version, stored)
     return any(after.get(name, 0) < count for name, count in before.items())
+
+
+def _shared_devices(version: str, slice_obj: Mapping[str, Any]) -> set[str]:
+    spec = slice_obj.get("spec")
+    devices = spec.get("devices") if isinstance(spec, Mapping) else None
+    shared: set[str] = set()
+    for device in devices if isinstance(devices, list) else []:
+        if isinstance(device, Mapping) and \
+                device_fields(version, device).get("allowMultipleAllocations") is True:
+            shared.add(str(device.get("name", "")))
+    return shared
+
+
+def dropped_sharing(version: str, sent: Mapping[str, Any], stored: Mapping[str, Any]
+                    ) -> list[str]:
+    """The devices sent with ``allowMultipleAllocations`` that the server stored without it:
+    it has DRAConsumableCapacity off (alpha, off by default, in 1.34 and 1.35), drops the
+    field on write, and its scheduler allocates those devices whole, one claim at a time."""
+    return sorted(_shared_devices(version, sent) - _shared_devices(version, stored))

@@ -39,6 +39,7 @@ class Devices:
     def __init__(self, *names: str) -> None:
         self.names = list(names)
         self.unhealthy: set[str] = set()
+        self.shared: set[str] = set()
 
     def build(self, version: str, generation: int, node_uid: str, taints: bool) -> list[dict]:
         devices = []
@@ -48,6 +49,10 @@ class Devices:
             fields: dict[str, Any] = {"attributes": {"family": {"string": "units"}}}
             if name in self.unhealthy:
                 fields["taints"] = [{"key": f"{DRIVER}/unhealthy", "effect": "NoSchedule"}]
+            if name in self.shared:
+                fields["allowMultipleAllocations"] = True
+                fields["capacity"] = {"contexts": {"value": "4", "requestPolicy": {
+                    "default": "1", "validRange": {"min": "1", "max": "4", "step": "1"}}}}
             devices.append({"name": name, **({"basic": fields} if version == "v1beta1"
                                               else fields)})
         return [{
@@ -191,6 +196,33 @@ async def test_unhealthy_devices_are_tainted_or_left_out_where_taints_are_droppe
                     assert tainted["taints"][0]["effect"] == "NoSchedule"
                 else:
                     await until(lambda: device_names(server) == ["unit-0"], "unhealthy left out")
+
+
+async def test_a_server_dropping_shared_devices_fields_is_said_once(tmp_path, caplog):
+    """1.35 has DRAConsumableCapacity off: it stores a shared device without
+    allowMultipleAllocations (its scheduler then allocates it whole). The slices are still
+    published; the warning names the devices, once, not at every republish."""
+    caplog.set_level(logging.WARNING, logger="plugin.serving.dra")
+    for model, dropped in (("1.36", False), ("1.35", True)):
+        caplog.clear()
+        async with ApiServerEmulator(model) as server:
+            server.create_node(NODE)
+            devices = Devices("unit-0", "unit-1")
+            devices.shared.add("unit-1")
+            api = ApiServer.connect(server.write_kubeconfig(tmp_path / model), 2.0)
+            async with publishing(api, devices) as publisher:
+                await until(lambda: len(device_names(server)) == 2, "published")
+                devices.names.append("unit-2")  # a change: written again
+                publisher.devices_changed()
+                await until(lambda: len(device_names(server)) == 3, "republished")
+                [stored] = [d for d in slices(server)[0]["spec"]["devices"]
+                            if d["name"] == "unit-1"]
+                assert stored.get("allowMultipleAllocations") is (None if dropped else True)
+        said = [r.getMessage() for r in caplog.records
+                if "dropped allowMultipleAllocations" in r.getMessage()]
+        assert len(said) == (1 if dropped else 0), said
+        if dropped:
+            assert "unit-1" in said[0] and "unit-0" not in said[0]
 
 
 async def test_an_outage_is_ridden_out_and_logged_once(server, connect, caplog):

@@ -39,7 +39,8 @@ from api_versions.k8s_objects import (
     pool_generation_of,
     resource_version_of,
 )
-from api_versions.resource_slices import dropped_taints
+from api_versions.resource_slices import dropped_sharing, dropped_taints
+from plugin.model.allocation import name_some
 from plugin.process import metrics
 from plugin.serving.dra.apiserver import (
     BACKOFF_INITIAL,
@@ -89,6 +90,8 @@ class SlicePublisher:
         """``_seen`` as it was when a list last found the slices as written (-1: a write
         since then may have been cut off)."""
         self._taints = True
+        self._sharing_said: str | None = None
+        """The resource.k8s.io version a dropped ``allowMultipleAllocations`` was said for."""
         self._node_uid: str | None = None
         self._state: object = None
         """What kind of failure was said last (None: publishing works)."""
@@ -219,6 +222,7 @@ class SlicePublisher:
                             "unhealthy devices are left out of the slices instead")
                 self._taints = False
                 self._wanted.set()
+            self._say_dropped_sharing(version, dropped_sharing(version, obj, stored_obj))
         for extra in existing[len(wanted):]:
             await self._api.delete_slice(name_of(extra))
         self._written = written
@@ -229,6 +233,19 @@ class SlicePublisher:
         metrics.dra_slices_published(self.driver)
         log.info("published %d device slice(s) of %s as pool generation %d "
                  "(resource.k8s.io/%s)", len(wanted), self.node, self._generation, version)
+
+    def _say_dropped_sharing(self, version: str, dropped: list[str]) -> None:
+        """Warn, once per server version, that devices published for sharing were stored
+        without ``allowMultipleAllocations``: nothing to publish otherwise (the scheduler
+        there allocates them whole, which prepare serves as any whole claim), but an admin
+        who turned ``--dra-share`` on must learn why no claim gets a share."""
+        if not dropped or self._sharing_said == version:
+            return
+        self._sharing_said = version
+        log.warning("the API server dropped allowMultipleAllocations from %s (resource.k8s.io/"
+                    "%s; DRAConsumableCapacity off, the default before Kubernetes 1.36): "
+                    "they are allocated whole, one claim at a time, and --dra-share shares "
+                    "nothing there", name_some(dropped), version)
 
     def _adopt(self, version: str, content: Any, existing: list[Any]) -> bool:
         """Take over the pool as it stands if it is exactly what this instance would write.
