@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -42,6 +43,7 @@ from plugin.process.daemon import Daemon
 from plugin.programming.ids import dashed
 from plugin.programming.loaders.intel_pr import PortPrIoctl
 from plugin.serving.deviceplugin.timing import Timing
+from plugin.serving.dra.share_setting import FamilyShare
 
 NODE = "fpga-node-1"
 DRIVER = "accelerator.b-com.com"
@@ -85,25 +87,9 @@ async def _story(root: Path) -> None:
             f"{device_class['spec']['config'][0]['opaque']['parameters']['afuID']} "
             f"image {device_class['spec']['config'][0]['opaque']['parameters']['image']}")
 
-        registry = root / "plugins_registry"
-        registry.mkdir()
-        kubelet = KubeletEmulator(root / "device-plugins", "1.36", plugins_registry=registry,
-                                  reconcile_period=0.1,
-                                  dra=DraConfig(node_name=NODE, wipe_slices=wiper(api)))
-        await kubelet.start()
-        settings = Settings(
-            device_plugin_dir=root / "device-plugins", backend="intel",
-            sysfs_root=node.sysfs_root, dev_root=node.dev_root, api="dra", node_name=NODE,
-            kubeconfig=api.write_kubeconfig(root / "kubeconfig"),
-            plugins_registry_dir=registry, dra_state_dir=root / "state",
-            cdi_spec_dir=root / "cdi", programming="on", image_library=library,
-            health_interval=0.1, retry=RetryPolicy(attempts=3, max_backoff=0.2,
-                                                   register_timeout=5.0))
-        port_pr = FakePortPr(node, [gbs], delay=1.0)  # a small PR takes about a second
-        daemon = Daemon(settings, make_backend("intel", node.config()),
-                        timing=Timing(round_backoff_initial=0.2),
-                        loaders={"intel": PortPrIoctl(node.dev_root, ioctl=port_pr)})
-        serving = asyncio.create_task(daemon.run())
+        # a small PR takes about a second
+        world = await start_programming_node(root, node, api, library, gbs, load_delay=1.0)
+        kubelet, port_pr = world.kubelet, world.port_pr
         section("The plugin serves the node through DRA, --programming on")
         await _until(lambda: len(_devices(api)) == 3, timeout=15)
         assert kubelet.dra is not None
@@ -149,11 +135,52 @@ async def _story(root: Path) -> None:
         await _digest_mismatch(api, kubelet, device_class, free, port_pr, library)
 
         section("The plugin is stopped")
-        daemon.stop()
-        code = await serving
-        await kubelet.stop()
-        say(f"  exit code {code}")
+        say(f"  exit code {await world.stop()}")
         say()
+
+
+@dataclass
+class ProgrammingNode:
+    """A real daemon serving a simulated Intel node through DRA with programming on, its
+    emulated 1.36 kubelet, and the stand-in for the port-PR ioctl that records each load."""
+
+    kubelet: KubeletEmulator
+    port_pr: FakePortPr
+    daemon: Daemon
+    serving: asyncio.Task[int]
+
+    async def stop(self) -> int:
+        """Stop the daemon, then the kubelet; the daemon's exit code."""
+        self.daemon.stop()
+        code = await self.serving
+        await self.kubelet.stop()
+        return code
+
+
+async def start_programming_node(root: Path, node: FakeNode, api: ApiServerEmulator,
+                                 library: Path, gbs: bytes, *, load_delay: float = 0.0,
+                                 dra_share: tuple[FamilyShare, ...] = ()) -> ProgrammingNode:
+    """Start the kubelet and the daemon of the programming demos (``--programming on``,
+    loading ``gbs`` through the ioctl stand-in in ``load_delay`` seconds)."""
+    registry = root / "plugins_registry"
+    registry.mkdir()
+    kubelet = KubeletEmulator(root / "device-plugins", "1.36", plugins_registry=registry,
+                              reconcile_period=0.1,
+                              dra=DraConfig(node_name=NODE, wipe_slices=wiper(api)))
+    await kubelet.start()
+    settings = Settings(
+        device_plugin_dir=root / "device-plugins", backend="intel",
+        sysfs_root=node.sysfs_root, dev_root=node.dev_root, api="dra", node_name=NODE,
+        kubeconfig=api.write_kubeconfig(root / "kubeconfig"),
+        plugins_registry_dir=registry, dra_state_dir=root / "state",
+        cdi_spec_dir=root / "cdi", programming="on", image_library=library,
+        dra_share=dra_share, health_interval=0.1,
+        retry=RetryPolicy(attempts=3, max_backoff=0.2, register_timeout=5.0))
+    port_pr = FakePortPr(node, [gbs], delay=load_delay)
+    daemon = Daemon(settings, make_backend("intel", node.config()),
+                    timing=Timing(round_backoff_initial=0.2),
+                    loaders={"intel": PortPrIoctl(node.dev_root, ioctl=port_pr)})
+    return ProgrammingNode(kubelet, port_pr, daemon, asyncio.create_task(daemon.run()))
 
 
 async def _pod(api: ApiServerEmulator, kubelet: KubeletEmulator, pod: str,

@@ -19,7 +19,6 @@ The port-PR ioctl is the one thing not real (:mod:`compat_tests.fake_port_pr`), 
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
 from pathlib import Path
@@ -27,7 +26,6 @@ from typing import Any
 
 import yaml
 
-from api_versions.retry import RetryPolicy
 from compat_tests.apiserver import ApiServerEmulator
 from compat_tests.apiserver.allocate import (
     AllocationError,
@@ -35,20 +33,14 @@ from compat_tests.apiserver.allocate import (
     extended_resource_claim,
 )
 from compat_tests.demo import _until, say, section, told_in
-from compat_tests.demo_program import _devices, _pod
-from compat_tests.dra_support import wiper
+from compat_tests.demo_program import _devices, _pod, start_programming_node
 from compat_tests.fake_port_pr import FakePortPr
 from compat_tests.fake_sysfs import DEFAULT_INTERFACE_ID, FakeNode
 from compat_tests.fpga_images import NLB0_AFU_ID, NLB3_AFU_ID, build_gbs, write_image
 from compat_tests.kubelet import KubeletEmulator
-from compat_tests.kubelet.dra import DraConfig
 from compat_tests.kubelet.dra_results import ClaimRef
-from plugin.cli.config import Settings
 from plugin.discovery.backends import make_backend
-from plugin.process.daemon import Daemon
 from plugin.programming.ids import dashed
-from plugin.programming.loaders.intel_pr import PortPrIoctl
-from plugin.serving.deviceplugin.timing import Timing
 from plugin.serving.dra.share_setting import parse_shares
 
 NODE = "fpga-node-1"
@@ -94,25 +86,9 @@ async def _story(root: Path) -> None:
         say("  DeviceClass nlb3.accelerator.b-com.com: loads nlb3.gbs for pods asking for "
             "b-com.com/nlb3")
 
-        registry = root / "plugins_registry"
-        registry.mkdir()
-        kubelet = KubeletEmulator(root / "device-plugins", "1.36", plugins_registry=registry,
-                                  reconcile_period=0.1,
-                                  dra=DraConfig(node_name=NODE, wipe_slices=wiper(api)))
-        await kubelet.start()
-        settings = Settings(
-            device_plugin_dir=root / "device-plugins", backend="intel",
-            sysfs_root=node.sysfs_root, dev_root=node.dev_root, api="dra", node_name=NODE,
-            kubeconfig=api.write_kubeconfig(root / "kubeconfig"),
-            plugins_registry_dir=registry, dra_state_dir=root / "state",
-            cdi_spec_dir=root / "cdi", programming="on", image_library=library,
-            dra_share=parse_shares("intel=image"), health_interval=0.1,
-            retry=RetryPolicy(attempts=3, max_backoff=0.2, register_timeout=5.0))
-        port_pr = FakePortPr(node, [gbs])
-        daemon = Daemon(settings, make_backend("intel", node.config()),
-                        timing=Timing(round_backoff_initial=0.2),
-                        loaders={"intel": PortPrIoctl(node.dev_root, ioctl=port_pr)})
-        serving = asyncio.create_task(daemon.run())
+        world = await start_programming_node(root, node, api, library, gbs,
+                                             dra_share=parse_shares("intel=image"))
+        kubelet, port_pr = world.kubelet, world.port_pr
         section("The plugin serves the node through DRA, --dra-share intel=image")
         await _until(lambda: len(_devices(api)) == 1, timeout=15)
         assert kubelet.dra is not None
@@ -174,9 +150,7 @@ async def _story(root: Path) -> None:
         _show_published(api, "the last share is gone; the port keeps nlb0 for the next pods")
 
         section("The plugin is stopped")
-        daemon.stop()
-        code = await serving
-        await kubelet.stop()
+        code = await world.stop()
         say(f"  exit code {code}")
         say()
 
