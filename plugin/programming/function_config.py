@@ -96,8 +96,18 @@ class FunctionSpec:
 
     def shown(self) -> str:
         """``afuID d8424dc4-...`` as users and vendor tools print it."""
-        shown = self.function_id if self.family == "aws" else dashed(self.function_id)
-        return f"{self.field} {shown}"
+        return function_shown(self.family, self.function_id)
+
+
+def function_shown(family: str, function_id: str | None, absent: str = "nothing") -> str:
+    """A function of a device of ``family`` as users and vendor tools print it: the
+    configuration's field and the ID (AFU IDs and xclbin UUIDs dashed); ``absent`` for no
+    function (or none the driver can read)."""
+    if not function_id:
+        return absent
+    field = next((name for name, named in FUNCTION_FIELDS.items() if named == family),
+                 "function")
+    return f"{field} {function_id if family == 'aws' else dashed(function_id)}"
 
 
 def config_api_version(driver: str) -> str:

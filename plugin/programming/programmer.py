@@ -37,8 +37,7 @@ from functools import partial
 from plugin.model.programming import OFF
 from plugin.process import metrics
 from plugin.programming.digest import DIGEST_STEP
-from plugin.programming.function_config import FunctionSpec
-from plugin.programming.ids import dashed
+from plugin.programming.function_config import FunctionSpec, function_shown
 from plugin.programming.image_checks import ImageChecks, held_function
 from plugin.programming.load_record import LoadRecord, LoadRecords, now
 from plugin.programming.loaders.base import Loader, LoadFailed, LoadJob
@@ -437,9 +436,8 @@ class Programmer:
 
 
 def _shown_id(spec: FunctionSpec, held: object) -> str:
-    if not isinstance(held, str) or not held:
-        return "an unknown function"
-    return f"{spec.field} {held if spec.family == 'aws' else dashed(held)}"
+    return function_shown(spec.family, held if isinstance(held, str) else None,
+                          "an unknown function")
 
 
 def _retrieved(task: asyncio.Task[Outcome]) -> None:

@@ -35,17 +35,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from plugin.model.allocation import name_some
-from plugin.programming.function_config import FUNCTION_FIELDS, FunctionSpec
-from plugin.programming.ids import dashed
+from plugin.programming.function_config import FunctionSpec, function_shown
 from plugin.serving.dra.holdings import holdings_of, holds_a_share
 from plugin.serving.dra.prepared import PreparedClaim, describe
 from value_types.claims import ClaimRef, PreparedDevice
 
 PublishedContexts = Callable[[], Mapping[str, int]]
 """Device ID -> contexts of each device published shared now (absent: published whole)."""
-
-
-_FIELDS = {family: name for name, family in FUNCTION_FIELDS.items()}
 
 
 @dataclass(frozen=True)
@@ -69,15 +65,7 @@ class SharedAs:
         return bool(self.closed) or self.changing
 
     def shown(self) -> str:
-        return held_shown(self.family, self.function_id)
-
-
-def held_shown(family: str, function_id: str | None) -> str:
-    """A function a device of ``family`` holds, as users and vendor tools print it."""
-    if not function_id:
-        return "nothing"
-    field = _FIELDS.get(family, "function")
-    return f"{field} {function_id if family == 'aws' else dashed(function_id)}"
+        return function_shown(self.family, self.function_id)
 
 
 PublishedShares = Callable[[], Mapping[str, SharedAs]]
@@ -183,13 +171,6 @@ def _closed(shared_as: SharedAs | None) -> str:
     return shared_as.closed if shared_as is not None else ""
 
 
-def shown(spec: FunctionSpec, function_id: str | None) -> str:
-    """A function ID of ``spec``'s family as users and vendor tools print it."""
-    if not function_id:
-        return "no function this driver can read"
-    return f"{spec.field} {function_id if spec.family == 'aws' else dashed(function_id)}"
-
-
 def not_shared_function(device: PreparedDevice, shared_as: SharedAs,
                         held: str | None) -> str | None:
     """Why a share of ``device``, let in while it was published shared as ``shared_as``,
@@ -199,7 +180,7 @@ def not_shared_function(device: PreparedDevice, shared_as: SharedAs,
     if held is not None and held == shared_as.function_id:
         return None
     return (f"share {device.share_id} of {where(device)}: the device was published shared "
-            f"holding {shared_as.shown()} and holds {held_shown(shared_as.family, held)} "
+            f"holding {shared_as.shown()} and holds {function_shown(shared_as.family, held)} "
             "now (cleared or reloaded since); a share is valid only for the function its "
             "device was shared with, so nothing was loaded and the claim must be allocated "
             "again")
@@ -212,7 +193,7 @@ def function_not_held(device: PreparedDevice, spec: FunctionSpec,
     function would pull it from under the device's other shares."""
     if held == spec.function_id:
         return None
-    return (f"share {device.share_id} of {where(device)}: the device holds "
-            f"{shown(spec, held)} and the claim's function is {spec.shown()} ({spec.where}); "
-            "a shared device is never programmed for one of its shares, so nothing was "
-            "loaded")
+    holds = function_shown(spec.family, held, "no function this driver can read")
+    return (f"share {device.share_id} of {where(device)}: the device holds {holds} and the "
+            f"claim's function is {spec.shown()} ({spec.where}); a shared device is never "
+            "programmed for one of its shares, so nothing was loaded")
