@@ -220,14 +220,18 @@ class ClaimCheckpoint:
     def _appendable(self, put: list[PreparedClaim], remove: list[str]) -> bool:
         """A line will do: the file is there, not due for compaction, and its header's
         major format is the one the record needs after the change."""
-        return 0 < self._lines < max(COMPACT_AFTER, len(self._claims) + len(put)) and \
+        return self._room_for(put) and \
             version_for(bool(self._shared_after(put, remove))) == self._version
+
+    def _room_for(self, put: list[PreparedClaim]) -> bool:
+        """The file is there and not due for compaction after ``put``."""
+        return 0 < self._lines < max(COMPACT_AFTER, len(self._claims) + len(put))
 
     def _raisable(self, put: list[PreparedClaim], remove: list[str]) -> bool:
         """Whether the change records the first share and the header was raised to format 3
         in place for its line (see the module docstring); False: the file is rewritten."""
-        if not (0 < self._lines < max(COMPACT_AFTER, len(self._claims) + len(put))) or \
-                self._version != FORMAT_VERSION or not self._shared_after(put, remove):
+        if not self._room_for(put) or self._version != FORMAT_VERSION or \
+                not self._shared_after(put, remove):
             return False
         old = header_line(FORMAT_VERSION).encode()
         new = header_line(SHARED_FORMAT_VERSION).encode()

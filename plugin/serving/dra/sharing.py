@@ -27,10 +27,11 @@ a share's contexts never vanish under it; a device a claim is being prepared on 
 was published as until the claim is recorded (a claim loading a shareable function must not
 see its device offered to others before it holds it), and so does a device a load or a clear
 is changing (the programmer's word: a clear of the last share's device runs after that share
-is gone). Built by :func:`claim_holds` from plain sets, which is all the checkpoint needs to
-give (:func:`holds_of`). While the record cannot be read, nothing is published shared. The N
-remembered is this process's: a restarted driver works it out again from the setting and
-the image, never below what the recorded shares hold.
+is gone). Built by :func:`claim_holds` from the plain sets the checkpoint gives
+(:meth:`~plugin.serving.dra.checkpoint.ClaimCheckpoint.device_holdings`). While the record
+cannot be read, nothing is published shared. The N remembered is this process's: a
+restarted driver works it out again from the setting and the image, never below what the
+recorded shares hold.
 
 What each device published shared is shared as (:func:`shared_as`,
 :class:`~plugin.serving.dra.shares.SharedAs`) goes with it: the function it held when it
@@ -57,8 +58,6 @@ from plugin.programming.image_checks import ImageChecks, held_function
 from plugin.programming.load_record import LoadRecord, LoadRecords
 from plugin.programming.programmer import Programmer
 from plugin.serving.dra.checkpoint import ClaimCheckpoint
-from plugin.serving.dra.holdings import holdings_of
-from plugin.serving.dra.prepared import PreparedClaim
 from plugin.serving.dra.share_setting import FamilyShare, setting_of, sharing_on
 from plugin.serving.dra.shares import SharedAs
 from value_types.devices import Device, DeviceSet
@@ -103,14 +102,6 @@ def claim_holds(whole: Iterable[str], shares: Mapping[str, int],
     claims are being prepared on, and those a load or a clear is changing."""
     return ClaimHolds(frozenset(whole), MappingProxyType(dict(shares)), frozenset(preparing),
                       frozenset(changing))
-
-
-def holds_of(claims: Iterable[PreparedClaim], preparing: Iterable[str] = (),
-             changing: Iterable[str] = ()) -> ClaimHolds:
-    """What the recorded claims hold: a device listed without a share ID is held whole; a
-    share counts its contexts (:func:`~plugin.serving.dra.holdings.holdings_of`)."""
-    holdings = holdings_of(claims)
-    return claim_holds(holdings.whole, holdings.shared, preparing, changing)
 
 
 def decide(shares: tuple[FamilyShare, ...], devices: DeviceSet, holds: ClaimHolds,
@@ -237,8 +228,10 @@ class Sharing:
             return NO_HOLDS
         preparing, changing = self._preparing(), self._changing()
         key = (id(checkpoint), checkpoint.writes, checkpoint.held(), preparing, changing)
-        if self._holds[0] != key:
-            self._holds = (key, holds_of(checkpoint.claims.values(), preparing, changing))
+        holdings = checkpoint.device_holdings() if self._holds[0] != key else None
+        if holdings is not None:
+            self._holds = (key, claim_holds(holdings.whole, holdings.shared, preparing,
+                                            changing))
         return self._holds[1]
 
     @property
