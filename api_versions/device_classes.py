@@ -23,3 +23,22 @@ def extended_resource_names(classes: Iterable[Mapping[str, Any]]) -> dict[str, s
         if isinstance(name, str) and name:
             mapped.setdefault(name, str(obj.get("metadata", {}).get("name", "")))
     return mapped
+
+
+def driver_configs(classes: Iterable[Mapping[str, Any]], driver: str) -> dict[str, list[Any]]:
+    """DeviceClass name -> the opaque ``parameters`` of its ``spec.config`` entries for
+    ``driver``, in order (v1, v1beta2 and v1beta1 spell them alike). What a class
+    configuration copied into an allocation with no request names is matched against, to
+    tell which requests it is for (:mod:`plugin.programming.function_config`)."""
+    found: dict[str, list[Any]] = {}
+    for obj in classes:
+        name = obj.get("metadata", {}).get("name")
+        spec = obj.get("spec")
+        if not isinstance(name, str) or not isinstance(spec, Mapping):
+            continue
+        entries = spec.get("config")
+        found[name] = [entry["opaque"].get("parameters") for entry in (
+            entries if isinstance(entries, list) else [])
+            if isinstance(entry, Mapping) and isinstance(entry.get("opaque"), Mapping)
+            and entry["opaque"].get("driver") == driver]
+    return found

@@ -34,7 +34,7 @@ from bench.dra_world import DRIVER, REFERENCE, DraWorld, dra_world
 from bench.serving import serve_command
 from bench.serving import stop as _stop
 from bench.table import Row, median, ms, percentile
-from compat_tests.fake_sysfs import FakeNode, build_intel_node
+from compat_tests.fake_sysfs import CRASHED_AFU_ID, DEFAULT_AFU_ID, FakeNode, build_intel_node
 from compat_tests.kubelet import KubeletEmulator
 from compat_tests.kubelet.dra_results import ClaimRef
 
@@ -123,6 +123,23 @@ async def _hotplug(world: DraWorld) -> list[float]:
     return figures
 
 
+async def _crashes(world: DraWorld) -> list[float]:
+    """Time from a port's AFU crashing (no sysfs event: found by the health re-read) to its
+    device tainted in the node's slices; the port recovers between rounds."""
+    figures = []
+    port = next(p.name for p in world.node.ports.values() if p.bdf == HOTPLUGGED)
+    everything = world.published()
+    for _ in range(HOTPLUG_ROUNDS):
+        began = time.perf_counter()
+        world.node.set_afu_id(port, CRASHED_AFU_ID)
+        tainted = await world.timeline.until(lambda names: len(names) == len(everything) - 1,
+                                             "the crashed port tainted in the slices")
+        figures.append(tainted - began)
+        world.node.set_afu_id(port, DEFAULT_AFU_ID)
+        await world.timeline.until(lambda names: names == everything, "the port healthy again")
+    return figures
+
+
 async def _kubelet_starts(world: DraWorld) -> list[float]:
     """Time from a starting kubelet's wipe emptying the node's slices to all being back."""
     figures = []
@@ -140,6 +157,7 @@ async def _kubelet_starts(world: DraWorld) -> list[float]:
 class DraFigures:
     claims: dict[str, dict[str, list[float]]]
     hotplug: list[float]
+    crashes: list[float]
     starts: list[float]
     rss: float
     loaded: list[str]
@@ -150,8 +168,9 @@ async def _dra(root: Path, node: FakeNode) -> DraFigures:
     async with dra_world(root, node, PORTS, stderr) as world:
         claims = await _claims(world)
         hotplug = await _hotplug(world)
+        crashes = await _crashes(world)
         starts = await _kubelet_starts(world)
-        return DraFigures(claims, hotplug, starts, _rss_mib(world.serve.pid),
+        return DraFigures(claims, hotplug, crashes, starts, _rss_mib(world.serve.pid),
                           _client_loaded(world.serve.pid, stderr))
 
 
@@ -188,6 +207,7 @@ def run() -> list[Row]:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     claims, hotplug, starts = figures.claims, figures.hotplug, figures.starts
+    crashes = figures.crashes
     dra_rss, dra_loaded = figures.rss, figures.loaded
 
     def pair(name: str, what: str = "prepare") -> str:
@@ -215,6 +235,10 @@ def run() -> list[Row]:
         Row("DRA slices: port hot-plugged -> in the API server", ms(median(hotplug)), "< 1 s",
             f"median of {HOTPLUG_ROUNDS}, max {ms(max(hotplug))}; sysfs change to the store "
             "committing the slice with the device untainted"),
+        Row("DRA slices: AFU crash -> device tainted", ms(median(crashes)), "< 1 s",
+            f"median of {HOTPLUG_ROUNDS}, max {ms(max(crashes))}; no sysfs event: the health "
+            "re-read (serve's default --health-interval) finds it, to the store "
+            "committing the slice with the device tainted"),
         Row("DRA slices: kubelet start wipe -> all back", ms(median(starts)), "< 1 s",
             f"median of {RESTARTS}, max {ms(max(starts))}; store empty of the node's slices "
             "(kubelet DeleteCollection) to every device published again"),

@@ -6,7 +6,7 @@ release never ships a number that the package, the image labels and the changelo
 all say. The release workflow (``.github/workflows/release.yml``) runs::
 
     python build_support/release.py check "$GITHUB_REF_NAME" >> "$GITHUB_OUTPUT"
-    python build_support/release.py notes 0.2.0 > notes.md
+    python build_support/release.py notes 0.3.0 > notes.md
 
 ``check`` prints ``version=``, ``minor=`` (the ``X.Y`` image tag) and ``prerelease=`` lines;
 a problem goes to stderr with exit 1. Standard library only: it runs before any install.

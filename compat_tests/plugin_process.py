@@ -41,15 +41,19 @@ class PluginProcess:
         name: str = "plugin",
         fast_retries: bool = True,
         source: Path | None = None,
+        command: Sequence[str] = (sys.executable, "-m", "plugin"),
+        cwd: Path | None = None,
     ) -> None:
         self.directory = directory
         self.source = source
         """Another release's source tree (``compat_tests/previous_release.py``) whose
         ``plugin`` package runs instead of this one, or None: this tree's."""
+        self.cwd = source or cwd
+        """Where it runs: the other release's tree, else ``cwd``, else the test's own."""
         self.log_path = log_dir / f"{name}.log"
         self.socket_name = socket_name or "accelerator.sock"
         self.args = [
-            sys.executable, "-m", "plugin", "serve",
+            *command, "serve",
             "--backend", "units", "--accel-nbunits", str(nb_units),
             "--device-plugin-dir", str(directory), "--socket-name", self.socket_name,
             "--log-format", "json", *(FAST_RETRIES if fast_retries else ()), *extra,
@@ -81,7 +85,7 @@ class PluginProcess:
         with open(self.log_path, "ab") as out:
             self._process = subprocess.Popen(
                 self.args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=env, cwd=self.source,
+                env=env, cwd=self.cwd,
             )
         log.info("started plugin pid %d: %s", self._process.pid, " ".join(self.args[1:]))
         return self

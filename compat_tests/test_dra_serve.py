@@ -205,9 +205,9 @@ async def test_an_api_server_outage_is_a_per_claim_error_and_serving_goes_on(wor
     assert world.plugin.alive
 
 
-async def test_a_crash_reaches_the_slices_within_a_second(world):
+async def test_a_crash_reaches_the_slices(world):
+    """How soon is bench/dra.py's ("AFU crash -> device tainted")."""
     world.fake.set_afu_id(world.ports["5e"][0], CRASHED_AFU_ID)
-    took = await until(lambda: any(
+    await until(lambda: any(
         d.get("taints") for s in world.slices() for d in s["spec"]["devices"]
         if d["name"] == "pci-0000-5e-00-0"), "crashed port tainted")
-    assert took < 1.0

@@ -186,18 +186,16 @@ async def test_the_call_is_answered_before_its_deadline(api, preparer):
 
 
 @pytest.mark.parametrize("with_env", [False, True])
-async def test_a_thousand_claims_in_one_call_are_fast_bounded_and_written_once(
+async def test_a_thousand_claims_in_one_call_are_bounded_and_written_once(
         api, make, tmp_path, with_env):
+    """How fast is bench/dra.py's; here: reads in parallel but bounded, one write."""
     preparer = make(claim_specs=env_specs(tmp_path) if with_env else None)
     api.delay = 0.001
     for i in range(1000):
         api.add(allocation(f"u{i}", f"fpga-{i % 8}"))
     claims = [ref(f"u{i}") for i in range(1000)]
-    started = time.monotonic()
     results = await preparer.prepare(claims)
-    elapsed = time.monotonic() - started
     assert len(results) == 1000 and all(r.ok for r in results.values())
-    assert elapsed < 5.0, f"1,000 claims took {elapsed:.1f} s"
     assert api.most_in_flight == 32, "at most 32 reads at a time, and that many in parallel"
     assert preparer.checkpoint.writes == 1, "one checkpoint write per call"
     assert len(ClaimCheckpoint(preparer.checkpoint.path)) == 1000

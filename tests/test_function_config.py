@@ -11,6 +11,7 @@ from plugin.programming.function_config import (
     NO_FUNCTIONS,
     FunctionRefused,
     functions_of,
+    needs_class_configs,
     parse_function,
 )
 
@@ -210,3 +211,58 @@ def test_a_digest_is_normalised_and_pins_the_clear_too() -> None:
                                          clearOnUnprepare={"afuID": AFU, "image": "b.gbs",
                                                            "sha256": DIGEST}), "here", True)
     assert spec.sha256 == DIGEST and spec.clear is not None and spec.clear.sha256 == DIGEST
+
+
+# --- class configurations naming no request (schedulers before kubernetes#134793) ---------
+
+NLB0 = params(afuID=AFU, image="nlb0.gbs")
+NLB3 = params(afuID="9e1f4ab2-0000-4000-8000-000000000003", image="nlb3.gbs")
+TWO_CLASSES = {"a": "nlb0-class", "b": "nlb3-class"}
+HELD = {"nlb0-class": [NLB0], "nlb3-class": [NLB3]}
+
+
+def test_a_class_configuration_naming_no_request_applies_to_its_own_classs_requests() -> None:
+    """Request a of one class, b of another, each class with its own function, copied by an
+    old scheduler with no request names: each request gets its own class's function, not
+    the last one copied."""
+    configs = [("FromClass", (), NLB0), ("FromClass", (), NLB3)]
+    functions = functions_of(DRIVER, configs, TWO_CLASSES, HELD)
+    assert (a := functions.function_for("a")) is not None and a.image == "nlb0.gbs"
+    assert (b := functions.function_for("b")) is not None and b.image == "nlb3.gbs"
+    # Copied in the other order (request b first in the claim): the same.
+    functions = functions_of(DRIVER, configs[::-1], TWO_CLASSES, HELD)
+    assert (a := functions.function_for("a")) is not None and a.image == "nlb0.gbs"
+    assert (b := functions.function_for("b")) is not None and b.image == "nlb3.gbs"
+
+
+def test_a_class_configuration_of_a_class_with_none_leaves_the_other_request_alone() -> None:
+    functions = functions_of(DRIVER, [("FromClass", (), NLB3)], TWO_CLASSES,
+                             {"nlb0-class": [], "nlb3-class": [NLB3]})
+    assert functions.function_for("a") is None
+    assert (b := functions.function_for("b")) is not None and b.image == "nlb3.gbs"
+
+
+def test_a_claims_configuration_naming_no_request_still_applies_to_every_request() -> None:
+    functions = functions_of(DRIVER, [("FromClass", (), params(allowedClaimFunctions=[
+        {"afuID": AFU}])), ("FromClaim", (), NLB0)], {"a": "open", "b": "open"})
+    assert (a := functions.function_for("a")) is not None and a.image == "nlb0.gbs"
+    assert (b := functions.function_for("b")) is not None and b.image == "nlb0.gbs"
+
+
+def test_with_requests_of_one_class_no_class_need_be_looked_up() -> None:
+    configs = [("FromClass", (), NLB0), ("FromClass", (), NLB0)]
+    assert not needs_class_configs(configs, {"a": "nlb0-class", "b": "nlb0-class"})
+    assert needs_class_configs(configs, TWO_CLASSES)
+    assert not needs_class_configs([("FromClass", ("a",), NLB0)], TWO_CLASSES)
+    functions = functions_of(DRIVER, configs, {"a": "nlb0-class", "b": "nlb0-class"})
+    assert (b := functions.function_for("b")) is not None and b.image == "nlb0.gbs"
+
+
+def test_a_class_configuration_no_class_holds_any_more_refuses_the_claim() -> None:
+    """The class changed since the allocation: which request it was for cannot be told,
+    and guessing could load the wrong function."""
+    with pytest.raises(ValueError, match="none of the claim's DeviceClasses"):
+        functions_of(DRIVER, [("FromClass", (), NLB0)], TWO_CLASSES,
+                     {"nlb0-class": [NLB3], "nlb3-class": [NLB3]})
+    with pytest.raises(ValueError, match="cannot be told"):
+        functions_of(DRIVER, [("FromClass", (), NLB0)], TWO_CLASSES)

@@ -78,6 +78,22 @@ def test_wheel_ships_only_the_runtime_packages(built) -> None:
     assert "value_types/devices.py" in names
 
 
+def test_every_package_of_the_shipped_trees_is_in_the_wheel(built) -> None:
+    """A package left out of the wheel imports from the checkout, so only an installed run
+    would notice: the release whose `loader` could not find ``plugin.programming.remote``."""
+    wheel, _ = built
+    names = set(_names(wheel))
+    packages = {init.parent.relative_to(REPO).as_posix()
+                for top in SHIPPED for init in (REPO / top).rglob("__init__.py")}
+    assert "api_versions/_generated" in packages  # written by the build, before packing
+    missing = sorted(p for p in packages if f"{p}/__init__.py" not in names)
+    assert not missing, f"packages not in the wheel: {missing}"
+    modules = {p.relative_to(REPO).as_posix() for top in SHIPPED
+               for p in (REPO / top).rglob("*.py") if p.parent.as_posix() in
+               {(REPO / q).as_posix() for q in packages}}
+    assert not sorted(modules - names), sorted(modules - names)
+
+
 def test_wheel_carries_the_license_text_and_the_version(built) -> None:
     wheel, _ = built
     (license_file,) = [n for n in _names(wheel) if n.endswith("/licenses/LICENSE")]

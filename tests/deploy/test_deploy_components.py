@@ -36,8 +36,12 @@ from deploy_support import (
 )
 from test_deploy_dra import matched_user
 
+from build_support import release
 from plugin.cli import config
-from plugin.version import VERSION
+
+VERSION = release.package_version()
+"""The version this tree declares (pyproject.toml), not the installed metadata's: a dev
+venv's editable install keeps the version it was installed at."""
 
 BACKENDS = {"intel", "alveo", "aws-units"}
 EXCLUSIVE: list[tuple[set[str], str]] = [

@@ -23,7 +23,11 @@ from helm_render import (
 )
 from k8s_schemas import SchemaSet, validate, validate_or_fall_back
 
-from plugin.version import VERSION
+from build_support import release
+
+VERSION = release.package_version()
+"""The version this tree declares (pyproject.toml), not the installed metadata's: a dev
+venv's editable install keeps the version it was installed at."""
 
 OLDEST = "1.21"
 """The chart's kubeVersion floor: DaemonSet maxSurge, as for deploy/base."""

@@ -228,7 +228,7 @@ class DraDriver:
                                                         self._republish),
                 held=self._held_by, programmer=self.programmer,
                 auditor=Auditor(self._claim_told), refused_in_status=self._status.refused,
-                published_contexts=self.published_contexts,
+                published_contexts=self.published_contexts, device_classes=api.device_classes,
                 published_shares=lambda: self.sharing.shared_as)  # as published_contexts
             metrics.follow_dra_prepared_claims(place.driver, checkpoint.held)
             self._health = HealthBroadcaster(place.node, self.feed, self.device_names)

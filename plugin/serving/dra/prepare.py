@@ -50,7 +50,12 @@ from plugin.serving.dra.claim_cdi import ClaimSpecs
 from plugin.serving.dra.claim_spec_files import groups as _groups
 from plugin.serving.dra.claim_spec_files import remove_specs, share_groups, write_specs
 from plugin.serving.dra.function_audit import Auditor
-from plugin.serving.dra.prepare_functions import FunctionStep, Refused, RefusedInStatus
+from plugin.serving.dra.prepare_functions import (
+    DeviceClasses,
+    FunctionStep,
+    Refused,
+    RefusedInStatus,
+)
 from plugin.serving.dra.prepared import PreparedClaim, describe
 from plugin.serving.dra.shares import PublishedContexts, PublishedShares, ShareAdmission
 from value_types.claims import (
@@ -108,7 +113,8 @@ class ClaimPreparer:
                  programmer: Programmer | None = None, auditor: Auditor | None = None,
                  refused_in_status: RefusedInStatus | None = None,
                  published_contexts: PublishedContexts = dict,
-                 published_shares: PublishedShares = dict) -> None:
+                 published_shares: PublishedShares = dict,
+                 device_classes: DeviceClasses | None = None) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, not {concurrency}")
         self.driver = driver
@@ -132,7 +138,8 @@ class ClaimPreparer:
                                      lambda: self.checkpoint.claims.values(),
                                      lambda: self.checkpoint.sharing_claims(), published_shares)
         self.functions = FunctionStep(driver, pool_name, programmer, self._holders, auditor,
-                                      refused_in_status, self.shares.admitted_as)
+                                      refused_in_status, self.shares.admitted_as,
+                                      device_classes)
 
     # -- prepare ---------------------------------------------------------------------------
 

@@ -11,8 +11,10 @@ claim's status, so ``kubectl describe resourceclaim`` says why without the pod's
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
+from api_versions.device_classes import driver_configs
 from plugin.process import metrics
 from plugin.programming.function_config import (
     NO_FUNCTIONS,
@@ -20,12 +22,14 @@ from plugin.programming.function_config import (
     FunctionRefused,
     FunctionSpec,
     functions_of,
+    needs_class_configs,
 )
 from plugin.programming.outcome import LOADED as OUTCOME_LOADED
 from plugin.programming.outcome import SKIPPED as OUTCOME_SKIPPED
 from plugin.programming.outcome import Outcome
 from plugin.programming.programmer import Programmer, ProgrammingRefused
 from plugin.serving.dra import function_audit as audit
+from plugin.serving.dra.apiserver import ApiFailure
 from plugin.serving.dra.prepared import describe
 from plugin.serving.dra.shares import SharedAs, function_not_held, not_shared_function
 from value_types.claims import ClaimAllocation, ClaimRef, PreparedDevice
@@ -45,6 +49,10 @@ Holders = Callable[[str, str], list[str]]
 RefusedInStatus = Callable[[ClaimRef, Sequence[audit.FunctionAudit]], None]
 AdmittedAs = Callable[[str], Mapping[str, SharedAs]]
 """Claim UID -> what each device it holds a share of was shared as when it was let in."""
+DeviceClasses = Callable[[], Awaitable[list[dict[str, Any]]]]
+"""Every DeviceClass as the API server has it now: listed only for a claim whose class
+configurations name no request (an old scheduler's) while its requests are of several
+classes, to tell which requests each is for."""
 
 
 class FunctionStep:
@@ -53,8 +61,10 @@ class FunctionStep:
     def __init__(self, driver: str, node: str, programmer: Programmer | None,
                  holders: Holders, auditor: audit.Auditor | None = None,
                  refused_in_status: RefusedInStatus | None = None,
-                 admitted_as: AdmittedAs = lambda _uid: {}) -> None:
+                 admitted_as: AdmittedAs = lambda _uid: {},
+                 device_classes: DeviceClasses | None = None) -> None:
         self.driver = driver
+        self._device_classes = device_classes
         self._admitted_as = admitted_as
         self.node = node
         self.programmer = programmer
@@ -67,7 +77,7 @@ class FunctionStep:
         """What was done for each device that needed a function (recorded with the claim);
         :class:`Refused` when any could not be given its function: nothing is loaded for a
         claim refused before its loads, whatever its other devices."""
-        functions = self._functions(ref, allocation, devices)
+        functions = await self._functions(ref, allocation, devices)
         wanted: list[tuple[PreparedDevice, FunctionSpec]] = []
         refusals: list[audit.FunctionAudit] = []
         first: FunctionRefused | None = None
@@ -172,14 +182,23 @@ class FunctionStep:
         if self.programmer is not None:
             self.programmer.configuration_refused(d.device_id for d in devices)
 
-    def _functions(self, ref: ClaimRef, allocation: ClaimAllocation,
-                   devices: Sequence[PreparedDevice]) -> ClaimFunctions:
+    async def _functions(self, ref: ClaimRef, allocation: ClaimAllocation,
+                         devices: Sequence[PreparedDevice]) -> ClaimFunctions:
         mine = [(c.source, c.requests, c.parameters) for c in allocation.configs
                 if c.driver == self.driver]
         if not mine:
             return NO_FUNCTIONS
+        classes = dict(allocation.classes)
+        held = None
+        if needs_class_configs(mine, classes) and self._device_classes is not None:
+            try:
+                held = driver_configs(await self._device_classes(), self.driver)
+            except (ApiFailure, TimeoutError) as exc:  # this claim's error; the kubelet retries
+                raise Refused(f"claim {describe(ref)}: its DeviceClasses' configurations "
+                              f"cannot be read to tell which request each is for: {exc}"
+                              ) from None
         try:
-            return functions_of(self.driver, mine, dict(allocation.classes))
+            return functions_of(self.driver, mine, classes, held)
         except ValueError as exc:
             self.configuration_refused(devices)
             raise Refused(f"claim {describe(ref)}: {exc}") from None
