@@ -12,6 +12,7 @@ previous one's function.
 from __future__ import annotations
 
 import asyncio
+import json
 import textwrap
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,9 +20,11 @@ from pathlib import Path
 import pytest
 
 from compat_tests.dra_support import recorded_claims, until
+from compat_tests.fake_fpga_tools import write_stand_in_tools
 from compat_tests.fake_sysfs import DEFAULT_INTERFACE_ID
 from compat_tests.fpga_images import NLB0_AFU_ID, NLB3_AFU_ID, build_gbs, write_image
 from compat_tests.plugin_process import run_at_start_up
+from compat_tests.test_dra_loader_process import world_with
 from compat_tests.test_dra_programming_serve import (
     DFL_PORT,
     DRIVER,
@@ -117,3 +120,28 @@ async def test_a_clear_cut_off_by_a_kill_runs_before_the_next_claim_gets_the_por
 def _afu_id(world: World) -> str:
     """What the port holds now, as its sysfs says (not the slice, which lags)."""
     return (world.node.port_path("dfl-port.0") / "afu_id").read_text().strip()
+
+
+async def test_a_clear_cut_off_by_the_loader_dying_quarantines_the_port(
+        tmp_path: Path, sockdir: Path, logdir: Path) -> None:
+    """The loader split (``--loader-socket``): the loader process killed while it runs a
+    clear leaves the card's state unknown, so the port is quarantined, and the clear's
+    outcome is known (failed): it is not pending any more."""
+    socket = sockdir / "loader" / "l.sock"
+    async with world_with(tmp_path, sockdir, logdir, socket, True) as (world, loader):
+        assert loader is not None
+        write_image(world.library, "intel/nlb0.gbs", build_gbs(
+            afu_ids=(NLB0_AFU_ID,), interface_id=dashed(DEFAULT_INTERFACE_ID)))
+        first = world.claim("first", DFL_PORT, CLEARING)
+        result = await world.prepare(first)
+        assert result.ok, result.error
+        write_stand_in_tools(tmp_path / "tools", world.node, delay=6.0)  # a slow clear
+        assert world.kubelet.dra is not None
+        assert (await world.kubelet.dra.unprepare([first])).ok
+        await until(lambda: len(world.tools.invocations("fpgaconf")) == 2, "the clear begun")
+        loader.stop()  # SIGKILL, mid-clear
+        await until(lambda: world.published()[DFL_PORT]["taints"],
+                    "the port tainted: what it holds is unknown")
+        assert world.plugin.alive
+        pending = json.loads((sockdir / "state" / "pending-clears.json").read_text())
+        assert pending == {"clears": {}}
