@@ -48,6 +48,7 @@ from plugin.cli.settings import (
     DEFAULT_PROGRAM_TIMEOUT,
     DEFAULT_RESOURCE,
     DEFAULT_SOCKET,
+    DEFAULT_STOP_TIMEOUT,
     EVENTS_CHOICES,
     KUBELET_PLUGINS_DIR,
     RESOURCE_MODES,
@@ -243,6 +244,11 @@ def _add_serve_flags(parser: OneLineParser) -> None:
             help="seconds one API server call (DRA, Events) may take before it counts as "
                  "failed: publishing retries it with back-off, a claim read is that claim's "
                  f"error, an Event is retried with back-off ({TIMEOUT.describe()})")
+    env.add("--stop-timeout", default=DEFAULT_STOP_TIMEOUT, convert=PROGRAM_TIMEOUT,
+            help="seconds a stopping DRA driver waits for the loads and clears under way "
+                 "before it cuts them off (their devices quarantined) and gives up its "
+                 "socket; keep it below the pod's terminationGracePeriodSeconds "
+                 f"({PROGRAM_TIMEOUT.describe()})")
     env.add("--runtime-cdi", default="auto", choices=RUNTIME_CDI_CHOICES,
             help="whether the node's container runtime applies CDI, which DRA needs: auto "
                  "(from the Node's containerRuntimeVersion: containerd 2.0+ and CRI-O 1.23+ "

@@ -16,6 +16,7 @@ from plugin.model.replicas import Replicas
 from plugin.serving.cdi import DEFAULT_SPEC_DIR
 from plugin.serving.deviceplugin.channels import DEFAULT_REGISTRY
 from plugin.serving.dra.share_setting import FamilyShare
+from plugin.serving.dra.stopping import DEFAULT_STOP_TIMEOUT
 
 DEFAULT_PROGRAM_TIMEOUT = 120.0
 DEFAULT_IMAGE_LIBRARY = Path("/var/lib/accelerator-images")
@@ -97,6 +98,9 @@ class Settings:
     fpga_load_local_image: Path = Path("/usr/bin/fpga-load-local-image")
     fpga_describe_local_image: Path = Path("/usr/bin/fpga-describe-local-image")
     program_timeout: float = DEFAULT_PROGRAM_TIMEOUT
+    stop_timeout: float = DEFAULT_STOP_TIMEOUT
+    """How long a stopping DRA driver waits for its loads and clears
+    (:mod:`plugin.serving.dra.stopping`)."""
     loader_socket: Path | None = None
     """``serve``: the loader process's socket (None: load in-process); ``loader``: its own."""
     loader_allowed_uids: tuple[int, ...] = (0,)

@@ -179,12 +179,12 @@ class Daemon:
             # while the loops below take their time to end.
             for name in list(self.resources):
                 self._withdraw(name)
+            if self.dra_side is not None:  # while discovery runs: a load ending is seen
+                await self.dra_side.close()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await self._drain()
-            if self.dra_side is not None:
-                await self.dra_side.close()
             if self.node_events is not None:
                 await self.node_events.close()
             if self.probes is not None:
@@ -193,10 +193,12 @@ class Daemon:
         return 0
 
     async def _publish(self, found: DeviceSet) -> None:
-        if self._stop.is_set():
-            return  # a scan that ends while stopping must not adopt a resource anew
-        self._last_node = found
         node = found if self.quarantine is None else self.quarantine.apply(found)
+        if self._stop.is_set():  # no resource adopted anew, but a DRA load ending is seen
+            if self.dra_side is not None:
+                await self.dra_side.follow(node)
+            return
+        self._last_node = found
         groups = group_by_resource(
             node, self.settings.resource_mode, self.settings.resource_name,
             self.settings.resource_prefix,
@@ -273,8 +275,7 @@ class Daemon:
             supervise(f"server of {name}", server.run, finished=server.stopped),
             name=f"resource {name}")
         self.resources[name] = _Resource(feed, server, task)
-        log.info("%s: serving %s on %s", name, count(len(devices), "device"),
-                 server.socket_path)
+        log.info("%s: serving %s on %s", name, count(len(devices), "device"), server.socket_path)
         return self.resources[name]
 
     def _withdraw(self, name: str) -> None:
@@ -299,8 +300,7 @@ class Daemon:
             for task in done:
                 self._stopping.discard(task)
                 if not task.cancelled() and task.exception() is not None:
-                    log.error("a resource server failed while stopping",
-                              exc_info=task.exception())
+                    log.error("a resource server failed while stopping", exc_info=task.exception())
 
     async def _watch_kubelet_dir(self) -> None:
         """Forward every change in the device-plugin directory to the resource servers.

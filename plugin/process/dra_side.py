@@ -93,10 +93,8 @@ class DraSide:
                  moved: Callable[[str, str, str], None] | None = None,
                  held: Callable[[str], None] | None = None, *,
                  rescan: Callable[[str], None] = lambda reason: None,
-                 quarantine: Quarantine | None = None,
-                 programmed: Told | None = None,
-                 claim_told: ClaimTold | None = None,
-                 loaders: Mapping[str, Loader] | None = None,
+                 quarantine: Quarantine | None = None, programmed: Told | None = None,
+                 claim_told: ClaimTold | None = None, loaders: Mapping[str, Loader] | None = None,
                  runtime_warning: Callable[[str], None] | None = None) -> None:
         self.settings = settings
         self._runtime_warning = runtime_warning
@@ -107,11 +105,9 @@ class DraSide:
         """Whether the runtime applied CDI at the last decision (``auto``)."""
         self._decided_runtime: str | None = None
         """The ``containerRuntimeVersion`` the last decision read (None: the Node unread)."""
-        self._rescan = rescan
-        """Asks discovery for a scan now (a load shows in the next one)."""
+        self._rescan = rescan  # asks discovery for a scan now (a load shows in the next one)
         self.quarantine = quarantine
-        self._programmed = programmed
-        """Told of each load (Events)."""
+        self._programmed = programmed  # told of each load (Events)
         self._claim_told = claim_told
         """Told the audit of each function a claim named (Events regarding the claim)."""
         self._loaders = loaders
@@ -149,6 +145,10 @@ class DraSide:
         """Whether device-plugin servers may serve now (never while DRA does)."""
         return self.choice is NodeApi.DEVICE_PLUGIN
 
+    async def follow(self, node: DeviceSet) -> None:
+        if self._feed is not None:  # stopping: the driver's loads still see the devices
+            await self._feed.publish(node)
+
     async def publish(self, node: DeviceSet, groups: dict[str, DeviceSet]) -> None:
         """Specs first, then the devices: a slice may only name devices whose CDI entry is
         on disk. One feed carries the whole node: one driver, one pool."""
@@ -166,6 +166,7 @@ class DraSide:
             await self._feed.publish(node)
 
     def _start(self, feed: DeviceFeed) -> None:
+        from plugin.programming.quarantine import Quarantine
         from plugin.programming.setup import programmer_for
         from plugin.serving.dra.driver import DraDriver, DriverPlace
 
@@ -173,15 +174,12 @@ class DraSide:
         assert settings.node_name is not None
         place = DriverPlace(
             driver=settings.dra_driver_name, node=settings.node_name,
-            registry_dir=settings.plugins_registry_dir,
-            state_dir=dra_state_dir(settings),
+            registry_dir=settings.plugins_registry_dir, state_dir=dra_state_dir(settings),
             cdi_dir=settings.cdi_spec_dir, kubeconfig=settings.kubeconfig,
-            request_timeout=settings.api_request_timeout,
+            request_timeout=settings.api_request_timeout, stop_timeout=settings.stop_timeout,
             chosen_per_kubelet=settings.api == "auto",
             kubelet_socket=settings.device_plugin_dir / KUBELET_SOCKET,
             pod_resources_socket=settings.pod_resources_socket)
-        from plugin.programming.quarantine import Quarantine
-
         programmer = programmer_for(settings, self.quarantine or Quarantine(None),
                                     lambda: feed.current, self._rescan, self._programmed,
                                     self._loaders)
@@ -306,6 +304,8 @@ class DraSide:
         self._kick.set()
 
     async def close(self) -> None:
+        if self.driver is not None:  # first: no new claim, loads and clears over (stopping.py)
+            await self.driver.finish_work()
         label_task, self._label_task = self._label_task, None
         if label_task is not None:  # first: it uses the driver's client, closed below
             label_task.cancel()

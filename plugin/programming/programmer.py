@@ -32,10 +32,10 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from functools import partial
 
 from plugin.model.programming import OFF
 from plugin.process import metrics
+from plugin.programming.clears import Clears
 from plugin.programming.digest import DIGEST_STEP
 from plugin.programming.function_config import FunctionSpec, function_shown
 from plugin.programming.image_checks import ImageChecks, held_function
@@ -107,9 +107,9 @@ class Programmer:
         self._devices = devices
         self._rescan = rescan
         self._told = told
-        self._clearing: set[asyncio.Task[None]] = set()
-        self._clears: Counter[str] = Counter()
-        """Device ID -> clears asked for it and not over yet (from the unprepare that asks)."""
+        self.clears = Clears(self.ensure, self.records.path.parent if self.records.path
+                             else None, lambda: self.on_changed())
+        """The clears unprepares ask for (:mod:`.clears`): recorded, run, resumed."""
         self._locks: dict[str, asyncio.Lock] = {}
         self._changed = asyncio.Event()
         self._loading: dict[str, asyncio.Task[Outcome]] = {}
@@ -168,7 +168,7 @@ class Programmer:
         that asks for it (before its load starts): what they hold is about to change, so
         they are offered to no new share meanwhile (:mod:`plugin.serving.dra.sharing`)."""
         loading = {d for d, task in self._loading.items() if not task.done()}
-        return frozenset(loading | set(self._clears))
+        return frozenset(loading | self.clears.changing())
 
     def claim_finished(self, uid: str) -> None:
         """The call preparing claim ``uid`` is over: the claim is recorded (the checkpoint
@@ -208,43 +208,32 @@ class Programmer:
     def unprepared(self, uid: str, outcomes: Iterable[Outcome],
                    holders: Callable[[str], list[str]]) -> None:
         """Claim ``uid`` (whose devices got ``outcomes``) is unprepared: the function its
-        DeviceClass clears each device to is loaded, after the kubelet's answer, unless
-        another claim holds the device by then."""
-        for outcome in outcomes:
-            clear, device_id = outcome.spec.clear, outcome.device_id
-            if clear is None:
-                continue
-            task = asyncio.get_running_loop().create_task(
-                self._clear(uid, device_id, clear, holders), name=f"clear {device_id}")
-            self._clearing.add(task)
-            self._clears[device_id] += 1
-            task.add_done_callback(partial(self._cleared, device_id))
+        DeviceClass clears each device to is recorded pending, then loaded after the
+        kubelet's answer, unless another claim holds the device by then (the preparer
+        records before the checkpoint entry goes: :mod:`.clears`)."""
+        asked = self.clears.asked(uid, outcomes)
+        self.clears.record(asked)
+        self.clears.start(asked, holders)
 
-    def _cleared(self, device_id: str, task: asyncio.Task[None]) -> None:
-        self._clearing.discard(task)
-        self._clears[device_id] -= 1
-        if self._clears[device_id] <= 0:
-            del self._clears[device_id]
-        self.on_changed()
-
-    async def _clear(self, uid: str, device_id: str, clear: FunctionSpec,
-                     holders: Callable[[str], list[str]]) -> None:
-        what = f"clearing after claim {uid}"
-        try:
-            outcome = await self.ensure(what, f"clear:{uid}", device_id, clear, holders)
-        except ProgrammingRefused as refusal:
-            log.warning("%s: %s", what, refusal)
-            return
-        log.info("%s: device %s: %s", what, device_id, outcome.message())
-
-    async def close(self) -> None:
+    async def close(self, timeout: float | None = None) -> None:
         """Wait for loads under way, clears and loads of calls the kubelet gave up alike:
-        a load is never cut off half-way."""
-        while True:
-            busy = [*self._clearing, *(t for t in self._loading.values() if not t.done())]
-            if not busy:
+        a load is never cut off half-way while there is time. After ``timeout`` seconds
+        (the pod's grace period running out) what is left is cut off: a load that may
+        have started leaves its device quarantined, a clear stays pending for the next
+        instance."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while busy := [*self.clears.running(),
+                       *(t for t in self._loading.values() if not t.done())]:
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                log.error("stopping: %d load(s) and clear(s) still under way after %g s; "
+                          "cutting them off", len(busy), timeout)
+                for task in busy:
+                    task.cancel()
+                await asyncio.gather(*busy, return_exceptions=True)
                 return
-            await asyncio.gather(*busy, return_exceptions=True)
+            await asyncio.wait(busy, timeout=left)
 
     # -- giving a device its function ---------------------------------------------------
 

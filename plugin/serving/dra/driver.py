@@ -49,13 +49,13 @@ from plugin.programming.programmer import Programmer
 from plugin.serving.dra.apiserver import (
     REQUEST_TIMEOUT,
     ApiFailure,
-    ApiRefused,
     ApiServer,
 )
 from plugin.serving.dra.checkpoint import ClaimCheckpoint
 from plugin.serving.dra.claim_cdi import ClaimSpecs, accelerator_env
 from plugin.serving.dra.claim_status import ClaimStatusReporter, NodeConditions
 from plugin.serving.dra.claims_held import live_claims
+from plugin.serving.dra.connect import connect
 from plugin.serving.dra.function_audit import Auditor, ClaimTold
 from plugin.serving.dra.health import HealthBroadcaster
 from plugin.serving.dra.inventory import pool_of
@@ -64,6 +64,7 @@ from plugin.serving.dra.publisher import SlicePublisher
 from plugin.serving.dra.service import DraNodeService
 from plugin.serving.dra.share_setting import FamilyShare
 from plugin.serving.dra.sharing import DRAINING, Sharing
+from plugin.serving.dra.stopping import DEFAULT_STOP_TIMEOUT, finish_work
 from plugin.serving.holds import HoldWatch
 from plugin.serving.routing import FileIdentity, identity
 from value_types.claims import ClaimAllocation, ClaimRef, DeviceStatusReport
@@ -72,8 +73,6 @@ from value_types.pool import Pool
 log = logging.getLogger(__name__)
 
 CHECKPOINT_FILE = "claims.jsonl"
-CONNECT_RETRY_INITIAL = 0.2
-CONNECT_RETRY_MAX = 30.0
 
 
 @dataclass(frozen=True)
@@ -93,6 +92,8 @@ class DriverPlace:
     kubelet_socket: Path | None = None
     """The device-plugin ``kubelet.sock``, which every kubelet start makes anew: what tells
     one kubelet instance from the next (``--api auto``)."""
+    stop_timeout: float = DEFAULT_STOP_TIMEOUT
+    """``--stop-timeout``: how long a stop waits for the loads and clears under way."""
     pod_resources_socket: Path | None = None
     """The kubelet's PodResources socket: devices containers still hold through the device
     plugin are published tainted, and prepared for no claim, until released (None: not
@@ -136,7 +137,7 @@ class DraDriver:
         self._api = api
         self._pool: Pool | None = None
         self._pool_made_of: tuple[object, ...] = ()
-        """(devices, device plugin holds, programmable, claim holds, shared contexts)."""
+        """(devices, device plugin holds, programmable, clearing, claim holds, shared, draining)."""
         self._preparer: ClaimPreparer | None = None
         self._health: HealthBroadcaster | None = None
         self._status: ClaimStatusReporter | None = None
@@ -151,13 +152,14 @@ class DraDriver:
         are published shared, and then the pool (and its slices) stay as they are."""
         programmable = self.programmer.generation() if self.programmer is not None else ()
         holds = self.sharing.holds(self._preparer.checkpoint if self._preparer else None)
-        made_of = (self.feed.current, self.held, programmable, holds)
-        if self._pool is None or self._pool_made_of[:4] != made_of:
+        clearing = self._preparer.clears.draining() if self._preparer else frozenset()
+        made_of = (self.feed.current, self.held, programmable, clearing, holds)
+        if self._pool is None or self._pool_made_of[:5] != made_of:
             shared = self.sharing.contexts(self.feed.current, holds)
             draining = self.sharing.draining()  # published in use: no new share lands
-            if self._pool is None or self._pool_made_of[:3] != made_of[:3] \
-                    or self._pool_made_of[4:] != (shared, draining):
-                held = dict.fromkeys(draining, DRAINING)
+            if self._pool is None or self._pool_made_of[:4] != made_of[:4] \
+                    or self._pool_made_of[5:] != (shared, draining):
+                held = dict.fromkeys(draining | clearing, DRAINING)
                 held.update((device_id, DEVICE_PLUGIN) for device_id in self.held.devices)
                 self._pool = pool_of(self.place.driver, self.place.node, self.feed.current,
                                      held=held, shared=shared,
@@ -198,7 +200,8 @@ class DraDriver:
             return
         place = self.place
         if self._api is None:
-            self._api = await self._connect()
+            self._api = await connect(self.place.kubeconfig, self.place.request_timeout,
+                                      self.place.driver)
         api = self._api
 
         async def read_claim(ref: ClaimRef) -> ClaimAllocation:
@@ -293,6 +296,7 @@ class DraDriver:
         self.publisher = publisher
         if self.programmer is not None:  # a load or a clear ended: no longer draining
             self.programmer.on_changed = self.sharing.drained(self._republish)
+            self.programmer.clears.on_resumed_over = self._republish
         if self.programmer is not None:  # a loader process's word changed: republish
             self.programmer.on_loaders_changed = partial(
                 asyncio.get_running_loop().call_soon_threadsafe,
@@ -305,6 +309,8 @@ class DraDriver:
                 preparer.checkpoint.load()  # the socket is ours: so is the record (said now)
                 if self.programmer is not None:
                     self.programmer.take_ownership()
+                if preparer.checkpoint.unavailable() is None:  # before the first slice
+                    preparer.clears.take_over()
                 if status is not None:
                     status.follow(preparer.checkpoint.claims.values())
             try:  # before the first slice: a held device is never offered, not even once
@@ -337,7 +343,15 @@ class DraDriver:
         if withdraw and publisher is not None:
             await publisher.withdraw()
 
+    async def finish_work(self) -> None:
+        """Stopping: no new claim, the loads and clears under way over (:mod:`.stopping`)."""
+        await finish_work(self._preparer, self.programmer, self.place.stop_timeout)
+
     async def close(self) -> None:
+        """Stop taking claims, finish (or after ``stop_timeout`` cut off) the loads and
+        clears under way, and only then give up the socket a rolling update's newcomer waits
+        for: it must not program a card this instance is still writing."""
+        await self.finish_work()
         await self.stop_publishing(withdraw=False)
         await self.stop_serving_kubelet()
         if self._follower is not None:
@@ -349,32 +363,9 @@ class DraDriver:
             await self._health.close()
         if self._status is not None:
             await self._status.close()
-        if self.programmer is not None:
-            await self.programmer.close()
         if self._api is not None:
             await self._api.close()
             self._api = None
-
-    async def _connect(self) -> ApiServer:
-        """The API client, once its configuration can be read: a kubeconfig or service
-        account that is missing or broken is said once and tried again with back-off, not
-        raised into the supervisor at every try (a traceback each time)."""
-        delay, said = CONNECT_RETRY_INITIAL, None
-        while True:
-            try:
-                api = ApiServer.connect(self.place.kubeconfig, self.place.request_timeout)
-            except ApiRefused as refusal:
-                if str(refusal) != said:
-                    log.error("DRA driver %s: %s; trying again with back-off, up to every "
-                              "%g s", self.place.driver, refusal, CONNECT_RETRY_MAX)
-                    said = str(refusal)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, CONNECT_RETRY_MAX)
-                continue
-            if said is not None:
-                log.info("DRA driver %s: the API server configuration can be read now",
-                         self.place.driver)
-            return api
 
     def _function_of(self, uid: str, device_id: str) -> Outcome | None:
         """What was done to give claim ``uid``'s device its function, as recorded."""

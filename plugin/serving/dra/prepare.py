@@ -47,6 +47,7 @@ from plugin.process import metrics
 from plugin.programming.programmer import Programmer
 from plugin.serving.dra.checkpoint import CheckpointError, ClaimCheckpoint
 from plugin.serving.dra.claim_cdi import ClaimSpecs
+from plugin.serving.dra.claim_clears import ClaimClears, stopping_error
 from plugin.serving.dra.claim_spec_files import groups as _groups
 from plugin.serving.dra.claim_spec_files import remove_specs, share_groups, write_specs
 from plugin.serving.dra.function_audit import Auditor
@@ -137,6 +138,10 @@ class ClaimPreparer:
         self.shares = ShareAdmission(published_contexts,
                                      lambda: self.checkpoint.claims.values(),
                                      lambda: self.checkpoint.sharing_claims(), published_shares)
+        self.clears = ClaimClears(checkpoint, programmer)
+        self.stopping = False
+        """Set when the driver stops: every prepare is refused (the kubelet calls again,
+        reaching the instance that takes over)."""
         self.functions = FunctionStep(driver, pool_name, programmer, self._holders, auditor,
                                       refused_in_status, self.shares.admitted_as,
                                       device_classes)
@@ -150,7 +155,8 @@ class ClaimPreparer:
         ``timeout``: seconds until the answer must go out; claims not prepared by then get
         an error saying so. Never raises for a claim's sake; cancelled, it leaves nothing
         behind but what was already recorded."""
-        results = await self._prepare(claims, timeout)
+        results = await self._prepare(claims, timeout) if not self.stopping else {
+            uid: ClaimResult(error=error) for uid, error in stopping_error(claims).items()}
         failed = sum(1 for result in results.values() if not result.ok)
         metrics.dra_claims(self.driver, "prepare", len(results) - failed, failed)
         if self.on_prepared is not None:
@@ -305,6 +311,9 @@ class ClaimPreparer:
             problems.append(f"devices pool {self.pool_name} does not have: {name_some(unknown)}")
         if problems:
             raise Refused(f"claim {describe(ref)} is allocated {'; '.join(problems)}")
+        clearing = self.clears.refusal(ref, (names[r.device] for r in results))
+        if clearing is not None:
+            raise Refused(clearing)
         held = self._held()
         busy = [f"{r.device} ({held[names[r.device]]})" for r in results
                 if names[r.device] in held]
@@ -372,34 +381,31 @@ class ClaimPreparer:
     # -- unprepare -------------------------------------------------------------------------
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
-        """Claim UID -> error (``""``: done) for every claim asked; from the checkpoint only."""
+        """Claim UID -> error (``""``: done) for every claim asked; from the checkpoint only.
+        Their clears are recorded pending before they leave it (:mod:`.claim_clears`)."""
         known = {} if self.programmer is None or self._unavailable() is not None else {
             ref.uid: entry for ref in claims
             if (entry := self.checkpoint.get(ref.uid)) is not None}
-        results = await self._unprepare(claims)
-        if self.programmer is not None:
-            cleared: set[str] = set()
-            for uid, error in results.items():
-                if not error and uid in known:
-                    # Only the last holder of a device (its last share) clears it.
-                    last = [o for o in known[uid].functions if o.device_id not in cleared
-                            and not self._holders(uid, o.device_id)]
-                    cleared.update(o.device_id for o in last)
-                    self.programmer.unprepared(
-                        uid, last, lambda device_id, uid=uid: self._holders(uid, device_id))
+        clears = self.clears.asked_by(known)
+        results = await self._unprepare(claims, self.clears.record(clears))
+        self.clears.unprepared(clears, results)
         failed = sum(1 for error in results.values() if error)
         metrics.dra_claims(self.driver, "unprepare", len(results) - failed, failed)
         if self.on_unprepared is not None:
             self.on_unprepared([uid for uid, error in results.items() if not error])
         return results
 
-    async def _unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
+    async def _unprepare(self, claims: Sequence[ClaimRef], refused: str) -> dict[str, str]:
         refusal = self._unavailable()
         if refusal is not None:
             return {ref.uid: refusal for ref in claims}
         known = {ref.uid: entry for ref in claims
                  if (entry := self.checkpoint.get(ref.uid)) is not None}
         results = dict.fromkeys((ref.uid for ref in claims), "")
+        if refused:  # no clear recorded: no claim leaves the checkpoint
+            log.error("%d claim(s) stay prepared: %s", len(known), refused)
+            return {**results, **{u: f"claim {describe(e.ref)}: {refused}"
+                                  for u, e in known.items()}}
         try:
             await self.checkpoint.commit(remove=list(known))
         except CheckpointError as exc:
@@ -423,6 +429,7 @@ class ClaimPreparer:
         """What every claim is answered while the checkpoint cannot be read, or None."""
         reason = self.checkpoint.unavailable()
         if reason is None:
+            self.clears.take_over()  # read through the socket: this instance's from now on
             return None
         return (f"the DRA driver's claim checkpoint {self.checkpoint.path} cannot be read "
                 f"({reason}), so it cannot tell which claims it holds: no claim is prepared "
