@@ -17,9 +17,10 @@ What is modelled, after k8s.io/apiserver ``pkg/admission/plugin/policy`` at kube
   a configuration error (policy_dispatcher.go:376-378) that refuses under ``failurePolicy:
   Fail`` and admits under ``Ignore`` (dispatcher.go:76-99), with ``Allow`` nothing is
   evaluated; with several, each is evaluated and any refusal refuses;
-* ``matchConditions``, per parameter, before the validations (validating/validator.go:103-121;
-  matchconditions/matcher.go:82 passes no namespace, so ``namespaceObject`` is null there):
-  one false skips the policy for that parameter, an error refuses under ``Fail``;
+* ``matchConditions``, per parameter, before the validations (validating/validator.go:103-121),
+  with ``object``, ``request`` and ``params`` only (no ``variables``, no ``namespaceObject``:
+  matchconditions/matcher.go:82): one false skips the policy for that parameter, an error
+  refuses under ``Fail``;
 * ``variables``, evaluated lazily and at most once per evaluation, as the server's composition
   does, so a variable no expression reaches never fails a request;
 * ``validations``: false refuses with ``messageExpression``'s text (or ``message``); an
@@ -194,8 +195,12 @@ def _activation(policy: Mapping[str, Any], values: dict[str, Any]) -> dict[str, 
 
 
 def _matches(policy: Mapping[str, Any], values: dict[str, Any]) -> bool:
-    """The policy's matchConditions: all true, or none; an evaluation error raises."""
-    activation = _activation(policy, {**values, "namespaceObject": None})
+    """The policy's matchConditions: all true, or none; an evaluation error raises. They see
+    neither ``variables`` nor ``namespaceObject``: the API server compiles them without
+    (k8s.io/kubernetes pkg/apis/admissionregistration/validation validateMatchConditions-
+    Expression, a stateless compiler) and refuses a policy whose conditions name them."""
+    activation = {k: celpy.json_to_cel(v) for k, v in values.items()
+                  if k != "namespaceObject"}
     for condition in policy["spec"].get("matchConditions", []):
         result = program(condition["expression"]).evaluate(activation)
         if isinstance(result, celpy.CELEvalError):

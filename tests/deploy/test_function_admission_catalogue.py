@@ -156,17 +156,34 @@ def test_match_conditions_alone_would_not_do(renderings, name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_the_match_conditions_skip_what_asks_for_no_function(renderings, name):
-    """Skipped before any validation, so no validation's failure can refuse it."""
-    policy, live, _ = parts(renderings[name])
+def test_the_match_conditions_skip_pods_asking_for_no_extended_resource(renderings, name):
+    """Skipped before any validation, so no validation's failure can refuse them; what asks
+    for an extended resource or a device goes on, and the validation judges it."""
+    objects = renderings[name]
+    policy, _, _ = parts(objects)
     broken = copy.deepcopy(policy)
     broken["spec"]["validations"][0]["expression"] = "variables.no_such_variable"
-    for request in (pod(), claim("v1", PLAIN)):
-        for binding in bindings(renderings[name]):
-            assert admit(broken, binding, request, namespace("team-b"),
-                         renderings[name]).allowed
-    assert not admit(broken, live, claim("v1", NLB0), namespace("team-b"),
-                     renderings[name]).allowed
+    skipped = [pod(), pod({"requests": {"cpu": "1"}}, init={"limits": {"memory": "1Gi"}}),
+               daemonset_pod(objects, "team-b")]
+    judged = [pod({"limits": {"b-com.com/accelerator": "1"}}), claim("v1", PLAIN),
+              template("v1", PLAIN), pod({"limits": {"b-com.com/nlb0": "1"}})]
+    for binding in bindings(objects):
+        for request in skipped:
+            assert admit(broken, binding, request, namespace("team-b"), objects).allowed
+        for request in judged:
+            assert not admit(broken, binding, request, namespace("team-b"), objects).allowed
+            assert admit(policy, binding, request, namespace("team-a", **{NLB0: "true"}),
+                         objects).allowed
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_match_conditions_read_what_the_api_server_gives_them(renderings, name):
+    """The API server compiles match conditions without ``variables`` and ``namespaceObject``
+    and refuses a policy whose conditions name either."""
+    policy, _, _ = parts(renderings[name])
+    for condition in policy["spec"]["matchConditions"]:
+        assert "variables" not in condition["expression"]
+        assert "namespaceObject" not in condition["expression"]
 
 
 @pytest.mark.parametrize("name", NAMES)
