@@ -1,8 +1,8 @@
-"""One admission request through a ValidatingAdmissionPolicy and its binding, as an API server
+"""One admission request through a ValidatingAdmissionPolicy and its bindings, as an API server
 decides it, with the policy's own CEL run by cel-python (a real CEL implementation).
 
-What is modelled, after k8s.io/apiserver ``pkg/admission/plugin/policy/validating`` and the
-admissionregistration.k8s.io/v1 API documentation:
+What is modelled, after k8s.io/apiserver ``pkg/admission/plugin/policy`` at kubernetes-1.36.2
+(line numbers of that tag) and the admissionregistration.k8s.io/v1 API documentation:
 
 * matching: the policy's ``matchConstraints.resourceRules`` (group, version, resource,
   operation) and ``namespaceSelector``, then the binding's ``matchResources`` (it can only
@@ -10,13 +10,23 @@ admissionregistration.k8s.io/v1 API documentation:
   as v1beta1 or v1beta2 is converted to v1 first ("a request to apps/v1beta1 ... would be
   converted to apps/v1 and sent to the ValidatingAdmissionPolicy"), here by the emulated API
   server's own conversion (compat_tests/apiserver/convert.py);
-* parameters: ``paramRef`` by name or by label selector in its namespace;
-  ``parameterNotFoundAction: Deny`` refuses when none is found; with several, each is
-  evaluated and any refusal refuses;
-* ``variables``, evaluated lazily and at most once, as the server's composition does, so a
-  variable no validation reaches never fails a request;
+* parameters, looked up per binding right after it matches and before anything of the policy
+  is evaluated (validating/dispatcher.go:146-166, generic/policy_dispatcher.go CollectParams):
+  no ``paramRef``: one evaluation with ``params`` null (policy_dispatcher.go:320-323); by name
+  or by label selector in its namespace; none found with ``parameterNotFoundAction: Deny`` is
+  a configuration error (policy_dispatcher.go:376-378) that refuses under ``failurePolicy:
+  Fail`` and admits under ``Ignore`` (dispatcher.go:76-99), with ``Allow`` nothing is
+  evaluated; with several, each is evaluated and any refusal refuses;
+* ``matchConditions``, per parameter, before the validations (validating/validator.go:103-121),
+  with ``object``, ``request`` and ``params`` only (no ``variables``, no ``namespaceObject``:
+  matchconditions/matcher.go:82): one false skips the policy for that parameter, an error
+  refuses under ``Fail``;
+* ``variables``, evaluated lazily and at most once per evaluation, as the server's composition
+  does, so a variable no expression reaches never fails a request;
 * ``validations``: false refuses with ``messageExpression``'s text (or ``message``); an
-  evaluation error refuses under ``failurePolicy: Fail``, admits under ``Ignore``.
+  evaluation error refuses under ``failurePolicy: Fail``, admits under ``Ignore``;
+* several bindings of one policy (``admit_all``): each is decided on its own and any refusal
+  refuses.
 
 Not modelled (only a real API server can tell): type checking against the kinds' schemas,
 the cost limits, how a namespaceObject or a parameter is fetched from the server's caches.
@@ -177,14 +187,36 @@ class _Variables(celtypes.MapType):
         return self._values[name]
 
 
+def _activation(policy: Mapping[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    activation: dict[str, Any] = {k: celpy.json_to_cel(v) for k, v in values.items()}
+    activation["variables"] = _Variables(
+        {v["name"]: v["expression"] for v in policy["spec"].get("variables", [])}, activation)
+    return activation
+
+
+def _matches(policy: Mapping[str, Any], values: dict[str, Any]) -> bool:
+    """The policy's matchConditions: all true, or none; an evaluation error raises. They see
+    neither ``variables`` nor ``namespaceObject``: the API server compiles them without
+    (k8s.io/kubernetes pkg/apis/admissionregistration/validation validateMatchConditions-
+    Expression, a stateless compiler) and refuses a policy whose conditions name them."""
+    activation = {k: celpy.json_to_cel(v) for k, v in values.items()
+                  if k != "namespaceObject"}
+    for condition in policy["spec"].get("matchConditions", []):
+        result = program(condition["expression"]).evaluate(activation)
+        if isinstance(result, celpy.CELEvalError):
+            raise result
+        if not isinstance(result, celtypes.BoolType):
+            raise TypeError(f"{condition['expression']!r} gave {result!r}, not a bool")
+        if not result:
+            return False
+    return True
+
+
 def _evaluate(policy: Mapping[str, Any], activation_values: dict[str, Any]) -> list[str]:
     """The messages of the failed validations; an evaluation error raises."""
-    spec = policy["spec"]
-    activation: dict[str, Any] = {k: celpy.json_to_cel(v) for k, v in activation_values.items()}
-    activation["variables"] = _Variables(
-        {v["name"]: v["expression"] for v in spec.get("variables", [])}, activation)
+    activation = _activation(policy, activation_values)
     refusals = []
-    for validation in spec["validations"]:
+    for validation in policy["spec"]["validations"]:
         result = program(validation["expression"]).evaluate(activation)
         if isinstance(result, celpy.CELEvalError):
             raise result
@@ -205,11 +237,16 @@ def _evaluate(policy: Mapping[str, Any], activation_values: dict[str, Any]) -> l
     return refusals
 
 
+NOT_FOUND = "no params found for policy binding with `Deny` parameterNotFoundAction"
+"""The API server's words for a missing parameter under Deny (policy_dispatcher.go:378)."""
+
+
 def admit(policy: Mapping[str, Any], binding: Mapping[str, Any], request: Request,
           namespace: Mapping[str, Any], objects: Sequence[Mapping[str, Any]] = ()) -> Decision:
     """What the API server answers ``request`` in ``namespace`` (a Namespace object), with
-    ``objects`` (ConfigMaps) as the cluster's possible parameters."""
+    ``objects`` (ConfigMaps) as the cluster's possible parameters, for one binding."""
     assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    fail = policy["spec"].get("failurePolicy", "Fail") == "Fail"
     constraints = policy["spec"]["matchConstraints"]
     version = _matched_version(constraints, request)
     labels = namespace["metadata"].get("labels", {})
@@ -217,10 +254,11 @@ def admit(policy: Mapping[str, Any], binding: Mapping[str, Any], request: Reques
     if version is None or not _selector_matches(constraints.get("namespaceSelector"), labels) \
             or not _selector_matches(bound.get("namespaceSelector"), labels):
         return Decision(matched=False, allowed=True)
+    # The parameters first: nothing of the policy has been evaluated yet.
     params = _params(binding, request, objects)
     if params == [] and binding["spec"]["paramRef"].get("parameterNotFoundAction") == "Deny":
-        return Decision(matched=True, allowed=False, messages=[
-            "no params found for policy binding with `Deny` parameterNotFoundAction"])
+        return Decision(matched=True, allowed=not fail,
+                        messages=[f"failed to configure binding: {NOT_FOUND}"] if fail else [])
     obj = _as_version(request, version)
     base = {
         "object": obj,
@@ -239,8 +277,19 @@ def admit(policy: Mapping[str, Any], binding: Mapping[str, Any], request: Reques
     messages: list[str] = []
     for param in params if params is not None else [None]:
         try:
-            messages += _evaluate(policy, {**base, "params": param})
+            if _matches(policy, {**base, "params": param}):
+                messages += _evaluate(policy, {**base, "params": param})
         except (celpy.CELEvalError, TypeError, KeyError) as exc:
-            if policy["spec"].get("failurePolicy", "Fail") == "Fail":
+            if fail:
                 messages.append(f"evaluation error: {exc}")
     return Decision(matched=True, allowed=not messages, messages=messages)
+
+
+def admit_all(policy: Mapping[str, Any], bindings: Sequence[Mapping[str, Any]],
+              request: Request, namespace: Mapping[str, Any],
+              objects: Sequence[Mapping[str, Any]] = ()) -> Decision:
+    """``admit`` through every binding of ``policy``: any refusal refuses."""
+    decisions = [admit(policy, b, request, namespace, objects) for b in bindings]
+    return Decision(matched=any(d.matched for d in decisions),
+                    allowed=all(d.allowed for d in decisions),
+                    messages=[m for d in decisions for m in d.messages])

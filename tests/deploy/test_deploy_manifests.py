@@ -68,7 +68,7 @@ KINDS_OF = {
     "metrics": ["Service"],
     "monitoring": ["ServiceMonitor", "PrometheusRule"],
     "function-admission": ["ConfigMap", "ValidatingAdmissionPolicy",
-                           "ValidatingAdmissionPolicyBinding"],
+                           "ValidatingAdmissionPolicyBinding", "ValidatingAdmissionPolicyBinding"],
 }
 """What each component adds besides its DaemonSet patch. Only the serviceaccount component
 (which dra brings) gives the pods an identity, and only dra and events grant it anything:

@@ -18,7 +18,7 @@ import admission_policy
 import celpy
 import pytest
 import yaml
-from admission_policy import Request, admit
+from admission_policy import Request, admit, admit_all
 from deploy_support import REPO, load_yaml_file, render, write_kustomization
 from helm_render import HelmRefused, example_values
 from helm_render import render as helm_render
@@ -68,15 +68,23 @@ def guarded(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
             == "function-admission"]
 
 
+def bindings(objects: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The policy's two bindings: (the one reading the catalogue ConfigMap, the one without
+    parameters, which reads the policy's own copy)."""
+    found = [o for o in guarded(objects) if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+    (live,) = [b for b in found if "paramRef" in b["spec"]]
+    (rendered,) = [b for b in found if "paramRef" not in b["spec"]]
+    return live, rendered
+
+
 def parts(objects: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any],
                                                   dict[str, Any]]:
-    """(policy, binding, catalogue ConfigMap) of a rendering."""
+    """(policy, the binding reading the catalogue, catalogue ConfigMap) of a rendering."""
     by_kind = {o["kind"]: o for o in guarded(objects)}
     assert sorted(by_kind) == ["ConfigMap", "ValidatingAdmissionPolicy",
                                "ValidatingAdmissionPolicyBinding"]
-    assert len(guarded(objects)) == 3
-    return (by_kind["ValidatingAdmissionPolicy"], by_kind["ValidatingAdmissionPolicyBinding"],
-            by_kind["ConfigMap"])
+    assert len(guarded(objects)) == 4
+    return by_kind["ValidatingAdmissionPolicy"], bindings(objects)[0], by_kind["ConfigMap"]
 
 
 def schema_problems(obj: dict[str, Any]) -> list[str]:
@@ -145,8 +153,8 @@ def pod(containers: dict[str, dict[str, str]] | None = None,
 
 def decide(objects: list[dict[str, Any]], request: Request,
            ns: dict[str, Any]) -> admission_policy.Decision:
-    policy, binding, _ = parts(objects)
-    return admit(policy, binding, request, ns, objects)
+    policy, _, _ = parts(objects)
+    return admit_all(policy, bindings(objects), request, ns, objects)
 
 
 RENDERINGS = ["kustomize", "kustomize-moved", "chart", "chart-moved"]
@@ -172,7 +180,7 @@ def test_rendered_objects_are_valid_kubernetes_1_36_objects(renderings, name):
 def test_every_expression_and_message_parses(renderings, name):
     policy, _, _ = parts(renderings[name])
     found = admission_policy.expressions(policy)
-    assert len(found) == 8  # six variables, one validation and its message
+    assert len(found) == 10  # seven variables, one match condition, a validation, its message
     for expression in found:
         admission_policy.program(expression)
 
@@ -196,10 +204,13 @@ def test_names_and_namespace_follow_the_install(renderings, name):
     assert catalogue["metadata"]["namespace"] == home
     assert binding["spec"]["policyName"] == policy["metadata"]["name"]
     assert policy["metadata"]["name"].startswith("pool-a-" if moved else "accelerator-")
-    for obj in (policy, binding):  # cluster-scoped
+    rendered = bindings(renderings[name])[1]
+    assert rendered["spec"]["policyName"] == policy["metadata"]["name"]
+    assert rendered["metadata"]["name"] == binding["metadata"]["name"] + "-rendered"
+    for obj in (policy, binding, rendered):  # cluster-scoped
         assert "namespace" not in obj["metadata"]
     ref = binding["spec"]["paramRef"]
-    assert ref["namespace"] == home and ref["parameterNotFoundAction"] == "Deny"
+    assert ref["namespace"] == home and ref["parameterNotFoundAction"] == "Allow"
     # The reference finds exactly the catalogue (kustomize by label, the chart by name).
     request = claim("v1", NLB0)
     assert admission_policy._params(binding, request, renderings[name]) == [catalogue]
@@ -214,6 +225,7 @@ def test_the_chart_policy_is_the_components(renderings):
     drop = ("paramRef",)
     assert {k: v for k, v in chart_binding["spec"].items() if k not in drop} == \
         {k: v for k, v in component_binding["spec"].items() if k not in drop}
+    assert bindings(renderings["chart"])[1]["spec"] == bindings(renderings["kustomize"])[1]["spec"]
 
 
 @pytest.mark.parametrize(("values", "why"), [
@@ -265,7 +277,9 @@ def test_a_namespace_without_the_grant_is_refused(renderings, name, case, make, 
     request = make()
     decision = decide(renderings[name], request, namespace("team-b"))
     assert decision.matched and not decision.allowed, case
-    (message,) = decision.messages
+    # Both bindings refuse, with the same words: the catalogue and the policy's copy agree.
+    message, again = decision.messages
+    assert message == again
     assert f"FPGA function class (DeviceClass) {cls}" in message
     assert f"kubectl label namespace team-b {LABEL}{cls}=true" in message
     if request.resource == "pods" and cls == NLB0:
@@ -354,31 +368,22 @@ def test_kube_system_and_updates_are_left_alone(renderings, name):
 
 
 @pytest.mark.parametrize("name", ["kustomize", "chart"])
-def test_without_its_catalogue_the_policy_refuses_everything_it_covers(renderings, name):
-    """parameterNotFoundAction Deny: a deleted catalogue must not lift every grant."""
-    objects = [o for o in renderings[name] if o["kind"] != "ConfigMap"
-               or "function-grants" not in o["metadata"]["name"]]
-    policy, binding, _ = parts(renderings[name])
-    plain_pod = pod()
-    refused = admit(policy, binding, plain_pod, namespace("team-a", **{NLB0: "true"}), objects)
-    assert not refused.allowed and "Deny" in refused.messages[0]
-    system_pod = pod(ns="kube-system")
-    assert admit(policy, binding, system_pod, namespace("kube-system"), objects).allowed
-
-
-@pytest.mark.parametrize("name", ["kustomize", "chart"])
 def test_the_fallback_message_names_the_label_too(renderings, name):
     policy, _, _ = parts(renderings[name])
     (validation,) = policy["spec"]["validations"]
     assert f"{LABEL}<class>=true" in " ".join(validation["message"].split())
 
 
-def test_an_empty_catalogue_guards_nothing(renderings):
+def test_an_empty_catalogue_guards_nothing_the_policy_did_not_render(renderings):
+    """Whoever may write ConfigMaps beside the catalogue can empty it: that lifts nothing
+    the policy was rendered with (its own copy), only what was added in place."""
     policy, binding, catalogue = parts(renderings["kustomize"])
     empty = copy.deepcopy(catalogue)
     del empty["data"]
-    decision = admit(policy, binding, claim("v1", NLB0), namespace("team-b"), [empty])
-    assert decision.allowed
+    asking = claim("v1", NLB0)
+    assert admit(policy, binding, asking, namespace("team-b"), [empty]).allowed
+    assert not admit_all(policy, bindings(renderings["kustomize"]), asking,
+                         namespace("team-b"), [empty]).allowed
 
 
 # --- quotas and documentation ---------------------------------------------------------------
@@ -406,9 +411,9 @@ def test_quota_examples_count_each_function_class():
 
 def test_the_guide_shows_the_label_the_policy_reads(renderings):
     policy, _, _ = parts(renderings["kustomize"])
-    (ungranted,) = [v["expression"] for v in policy["spec"]["variables"]
-                    if v["name"] == "ungranted"]
-    assert f'"{LABEL}" + c' in ungranted
+    (refused,) = [v["expression"] for v in policy["spec"]["variables"]
+                  if v["name"] == "refused"]
+    assert f'"{LABEL}" + c' in refused
     for doc in (REPO / "docs" / "programming.md",
                 REPO / "deploy" / "helm" / "accelerator-device-plugin" / "README.md"):
         text = Path(doc).read_text()
