@@ -142,7 +142,7 @@ class Quarantine:
         for device_id, reason in self._legacy.items():
             found.setdefault(device_id, reason)
         if found and found != self.reasons:
-            log.warning("devices Unhealthy since a failed or interrupted load: %s",
+            log.warning("devices Unhealthy since a failed load (or one cut off): %s",
                         ", ".join(sorted(found)))
         self.reasons = found
         metrics.devices_load_failed(len(found))
