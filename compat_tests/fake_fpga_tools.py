@@ -30,7 +30,9 @@ wording, the SDK's missing-slot case) are close approximations; the exit statuse
 
 ``delay`` makes each load take that long (for timeouts); ``fail`` makes each load fail at
 the hardware step with that text in the tool's error. Every run is appended to
-``<directory>/calls.jsonl`` as ``{"tool": ..., "argv": [...]}``.
+``<directory>/calls.jsonl`` as ``{"tool": ..., "argv": [...], "pid": ..., "at": ...}`` when it
+starts, and ``{"tool": ..., "end": <status>, "pid": ..., "at": ...}`` when it ends (``at``:
+``time.time()``), so a test can tell whether two runs overlapped (:meth:`StandInTools.spans`).
 
 This module also holds the stand-ins' own GBS reader (:func:`gbs_parts`), written from
 OPAE's layout independently of :mod:`plugin.programming.gbs`.
@@ -39,7 +41,9 @@ OPAE's layout independently of :mod:`plugin.programming.gbs`.
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -107,7 +111,17 @@ class StandInTools:
         if not self.calls.exists():
             return []
         runs = [json.loads(line) for line in self.calls.read_text().splitlines()]
-        return [r["argv"] for r in runs if tool is None or r["tool"] == tool]
+        return [r["argv"] for r in runs if "argv" in r and (tool is None or r["tool"] == tool)]
+
+    def spans(self, tool: str) -> list[tuple[float, float | None]]:
+        """``(start, end)`` wall-clock times of each run of ``tool``, in start order; end
+        None for a run that has not ended (or was killed)."""
+        if not self.calls.exists():
+            return []
+        runs = [json.loads(line) for line in self.calls.read_text().splitlines()]
+        ends = {r["pid"]: r["at"] for r in runs if r["tool"] == tool and "end" in r}
+        return [(r["at"], ends.get(r["pid"])) for r in runs
+                if r["tool"] == tool and "argv" in r]
 
 
 def write_stand_in_tools(directory: Path, node: FakeNode, *, delay: float = 0.0,
@@ -136,10 +150,15 @@ def main(tool: str, config_path: str, argv: list[str]) -> int:
     """Entry point of the generated scripts."""
     config = json.loads(Path(config_path).read_text())
     with open(config["calls"], "a") as log:
-        log.write(json.dumps({"tool": tool, "argv": argv}) + "\n")
+        log.write(json.dumps({"tool": tool, "argv": argv, "pid": os.getpid(),
+                              "at": time.time()}) + "\n")
     run = {"fpgaconf": _fpgaconf, "xbutil": _xbutil, "fpga-load-local-image": aws_load,
            "fpga-describe-local-image": aws_describe}[tool]
-    return run(config, argv)
+    status = run(config, argv)
+    with open(config["calls"], "a") as log:
+        log.write(json.dumps({"tool": tool, "end": status, "pid": os.getpid(),
+                              "at": time.time()}) + "\n")
+    return status
 
 
 # fpgaconf ------------------------------------------------------------------------------------

@@ -71,19 +71,21 @@ class LoaderProcess:
 
 @contextlib.asynccontextmanager
 async def world_with(tmp_path: Path, sockdir: Path, logdir: Path, socket: Path,
-                     loader: bool) -> AsyncIterator[tuple[World, LoaderProcess | None]]:
+                     loader: bool, *, delay: float = 0.0, fail: str | None = None,
+                     extra: tuple[str, ...] = ()
+                     ) -> AsyncIterator[tuple[World, LoaderProcess | None]]:
+    """The world; ``delay``/``fail`` for the stand-in tools, ``extra`` flags for serve;
+    ``world.restart(name, *flags)`` starts serve anew with them."""
     node = build_mixed_node(tmp_path / "node")
     library = tmp_path / "images"
     write_image(library, IMAGE, build_gbs(afu_ids=(NLB3_AFU_ID,),
                                           interface_id=dashed(DEFAULT_INTERFACE_ID)))
-    tools = write_stand_in_tools(tmp_path / "tools", node)
+    tools = write_stand_in_tools(tmp_path / "tools", node, delay=delay, fail=fail)
     node_flags = ["--backend", "auto", "--sysfs-root", str(node.sysfs_root), "--dev-root",
                   str(node.dev_root), "--image-library", str(library)]
     process = None
     if loader:
-        process = LoaderProcess([*node_flags, "--loader-socket", str(socket),
-                                 "--intel-loader", "fpgaconf", "--fpgaconf", str(tools.fpgaconf),
-                                 "--loader-allowed-uids", str(os.geteuid())],
+        process = LoaderProcess(loader_flags(node_flags, socket, tools.fpgaconf, sockdir),
                                 logdir / "loader.log")
         await until(lambda: socket.exists(), "the loader's socket")
     registry = sockdir / "registry"
@@ -105,9 +107,11 @@ async def world_with(tmp_path: Path, sockdir: Path, logdir: Path, socket: Path,
             "--programming", "on", "--intel-loader", "fpgaconf",
             # Nothing the driver could run itself: a load must go through the loader.
             "--fpgaconf", str(tmp_path / "no-fpgaconf-here"), "--program-timeout", "3",
-            "--loader-socket", str(socket)]
+            "--loader-socket", str(socket), *extra]
         plugin = PluginProcess(sockdir, logdir, extra=arguments).start()
-        world = World(api, kubelet, node, tools, plugin, library, None)
+        world = World(api, kubelet, node, tools, plugin, library,
+                      lambda name, *flags: PluginProcess(
+                          sockdir, logdir, extra=[*arguments, *flags], name=name).start())
         try:
             await until(lambda: len(world.published()) == COUNT, "every device published")
             assert kubelet.dra is not None
@@ -115,10 +119,19 @@ async def world_with(tmp_path: Path, sockdir: Path, logdir: Path, socket: Path,
                                          "driver registered")
             yield world, process
         finally:
-            plugin.kill()
+            world.plugin.kill()
             await kubelet.stop()
             if process is not None:
                 process.stop()
+
+
+def loader_flags(node_flags: list[str], socket: Path, fpgaconf: Path, sockdir: Path
+                 ) -> list[str]:
+    """The loader's flags beside a driver whose state directory is ``sockdir/state``: the
+    card locks and records are shared there."""
+    return [*node_flags, "--loader-socket", str(socket), "--intel-loader", "fpgaconf",
+            "--fpgaconf", str(fpgaconf), "--loader-allowed-uids", str(os.geteuid()),
+            "--dra-state-dir", str(sockdir / "state")]
 
 
 @pytest.fixture
@@ -232,7 +245,8 @@ async def test_a_loader_that_comes_later_makes_the_devices_programmable_without_
             str(world.node.dev_root), "--image-library", str(world.library),
             "--loader-socket", str(loader_socket), "--intel-loader", "fpgaconf",
             "--fpgaconf", str(world.tools.fpgaconf),
-            "--loader-allowed-uids", str(os.geteuid())], logdir / "loader-late.log")
+            "--loader-allowed-uids", str(os.geteuid()),
+            "--dra-state-dir", str(sockdir / "state")], logdir / "loader-late.log")
         try:
             await until(lambda: world.published()[DFL_PORT]["programmable"] is True,
                         "programmable published once the loader answers", 25.0)

@@ -31,6 +31,7 @@ from plugin.programming.digest import DIGEST_STEP
 from plugin.programming.ids import dashed
 from plugin.programming.library import ImageLibrary
 from plugin.programming.loaders.base import LoadFailed, LoadJob
+from plugin.programming.loaders.card_locked import CardLockedLoader
 from plugin.programming.loaders.fpgaconf import Fpgaconf
 from plugin.programming.loaders.intel_pr import PortPrIoctl
 from plugin.programming.remote import client as client_module
@@ -352,8 +353,11 @@ def test_serve_loads_in_process_unless_given_the_loader_socket(tmp_path, monkeyp
     from plugin.cli import config
     from plugin.programming.setup import loaders_for
 
-    base = ["serve", "--programming", "on"]
-    assert isinstance(loaders_for(config.parse(base))["intel"], PortPrIoctl)
+    base = ["serve", "--programming", "on", "--dra-state-dir", str(tmp_path / "state")]
+    local = loaders_for(config.parse(base))["intel"]
+    # Loaded in this process, each load under its card's lock in the driver's state dir.
+    assert isinstance(local, CardLockedLoader) and isinstance(local.inner, PortPrIoctl)
+    assert local.files.directory == tmp_path / "state" / "cards"
     missing = tmp_path / "none.sock"
     monkeypatch.setenv("ACCELERATOR_DP_LOADER_SOCKET", str(missing))
     remote = loaders_for(config.parse(base))

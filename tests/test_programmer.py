@@ -218,6 +218,22 @@ async def test_a_failed_load_names_the_step_and_quarantines_the_device(
     assert PORT not in Quarantine(tmp_path / "state").reasons
 
 
+async def test_a_quarantined_device_is_loaded_again_even_when_it_seems_to_hold_the_function(
+        node: FakeNode, library: ImageLibrary, tmp_path: Path) -> None:
+    """What a device whose state is unknown seems to hold is not trusted: a half-done load
+    can leave the old AFU ID readable over broken logic."""
+    programmer, loader = programmer_for(node, library, tmp_path)
+    port = DeviceSet.of(make_backend("intel", node.config()).scan()).get(PORT)
+    programmer.quarantine.add(port, "cut off before it ended")
+    nlb0 = spec(NLB0_AFU_ID, "nlb0.gbs")  # what the port holds already
+    await programmer.check(PORT, nlb0)  # a load is needed, and allowed: no refusal
+    outcome = await programmer.ensure("ns/c", "u", PORT, nlb0, nobody)
+    assert outcome.result == LOADED and len(loader.jobs) == 1
+    assert not programmer.quarantine.holds(PORT)
+    # Sound again: the next claim for it loads nothing.
+    assert (await programmer.ensure("ns/c2", "u2", PORT, nlb0, nobody)).result == SKIPPED
+
+
 async def test_a_failure_before_the_card_is_touched_leaves_it_healthy(
         node: FakeNode, library: ImageLibrary, tmp_path: Path) -> None:
     programmer, loader = programmer_for(node, library, tmp_path)

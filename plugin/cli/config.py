@@ -348,6 +348,13 @@ def build_parser() -> OneLineParser:
     _add_node_flags(loader)
     _add_programming_flag(loader)
     add_loader_flags(_EnvDefaults(loader))
+    state = _EnvDefaults(loader)
+    state.add("--dra-driver-name", default=DEFAULT_DRA_DRIVER, convert=driver_name,
+              help="the DRA driver the loader loads for (names its default state directory)")
+    state.add("--dra-state-dir", default=None, convert=Path,
+              help="the driver's state directory, where every process that may program a "
+                   "card takes its lock and records each load (cards/); the driver's own, at "
+                   f"the same host path (default {KUBELET_PLUGINS_DIR}/<driver name>)")
     _add_common_flags(loader)
 
     health = commands.add_parser("healthcheck", help="exit 0 if the heartbeat file is fresh")

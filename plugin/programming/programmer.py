@@ -20,7 +20,8 @@ device that does not hold its function yet:
    step and the kernel's or tool's message; if the card may have been touched, the device
    is quarantined (:mod:`.quarantine`: Unhealthy until a later load succeeds). A load is
    never cut off half-way: it outlives a kubelet call that gave up, and stopping waits for
-   it; one cut off all the same (the process killed) leaves the device quarantined.
+   it; one cut off all the same (the process killed) leaves its intent record, and the next
+   start quarantines the device (:mod:`.card_state`), whose function is then not trusted.
 
 Programming happens only here, so only for claims this driver prepares for this node's pool.
 """
@@ -35,6 +36,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from plugin.model.programming import OFF
 from plugin.process import metrics
+from plugin.programming.card_state import card_of
 from plugin.programming.clears import Clears
 from plugin.programming.digest import DIGEST_STEP
 from plugin.programming.function_config import FunctionSpec, function_shown
@@ -147,8 +149,9 @@ class Programmer:
         self._changed.set()
 
     def take_ownership(self) -> None:
-        """This instance holds the driver's socket: what the one before it (a rolling
-        update) recorded of failed loads is read again, and from now on this one writes it."""
+        """This instance holds the driver's socket: what every process recorded of the
+        cards (failed loads, loads cut off or still run by another process) is read again,
+        and from now on this one writes it."""
         self.quarantine.take_ownership()
 
     # -- claims -------------------------------------------------------------------------
@@ -250,8 +253,8 @@ class Programmer:
         self.vetting.check_image(device, spec)
         await self.vetting.check_digest(device, spec)
         held = await self._held(device)
-        if held == spec.function_id:
-            return False
+        if held == spec.function_id and not self.quarantine.holds(device.id):
+            return False  # held, and trusted: a quarantined device's function is not
         why = self.unavailable(device)
         if why is not None:
             raise self.vetting.refuse(
@@ -306,7 +309,7 @@ class Programmer:
             began = time.monotonic()  # the budget counts from when the card is free
             device = self._device(device_id)  # as it is now, after any load before ours
             held = await self._held(device)
-            if held == spec.function_id:
+            if held == spec.function_id and not self.quarantine.holds(device.id):
                 return Outcome(device_id, spec, SKIPPED)
             others = sorted(set(holders(device_id)) |
                             {u for u in self._claimed.get(device_id, ()) if u != uid})
@@ -356,7 +359,7 @@ class Programmer:
             raise ProgrammingRefused(f"loading {spec.shown()} onto {device.id}: {detail}",
                                      result=FAILED, device_id=device.id, sha256=digest)
         seconds = time.monotonic() - began
-        self.quarantine.clear(device.id)
+        self.quarantine.clear(device)
         outcome = Outcome(device.id, spec, LOADED, loader.name, seconds, digest)
         self.records.loaded(device.id, LoadRecord(spec.function_id, spec.shown(), spec.image,
                                                   digest, claim, now()))
@@ -410,8 +413,8 @@ class Programmer:
         return device
 
     def _lock(self, device: Device) -> asyncio.Lock:
-        card = device.attribute("fme_node") or device.attribute("pci_address") or device.id
-        return self._locks.setdefault(card, asyncio.Lock())
+        """This process's turn; the loader's process locks the card on the node too."""
+        return self._locks.setdefault(card_of(device), asyncio.Lock())
 
     def _failed(self, claim: str, device: Device, spec: FunctionSpec, loader: Loader,
                 step: str, detail: str, touched: bool) -> None:
@@ -419,7 +422,7 @@ class Programmer:
         message = f"loading {spec.shown()} with {loader.name} failed at {step}: {detail}"
         log.error("claim %s: device %s: %s", claim, device.id, message)
         if touched:
-            self.quarantine.add(device.id, message)
+            self.quarantine.add(device, message)
         if self._told is not None:
             self._told(device.id, claim, "FunctionLoadFailed", f"{message} (claim {claim})")
 

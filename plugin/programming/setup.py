@@ -25,7 +25,13 @@ def loaders_for(settings: Settings) -> dict[str, Loader]:
     """Family -> the loader the flags choose for it: for ``serve --loader-socket`` (and
     ``discover`` given the same socket, so its PROGRAMMABLE column is the driver's rule),
     stand-ins forwarding to the loader process (:mod:`plugin.programming.remote`);
-    otherwise, and in the ``loader`` process itself, the loaders that load."""
+    otherwise, and in the ``loader`` process itself, the loaders that load, each load under
+    its card's lock in the driver's state directory, recorded there before it starts
+    (:mod:`plugin.programming.loaders.card_locked`): whichever process loads, one card is
+    loaded by one process at a time on the node."""
+    from plugin.cli.settings import dra_state_dir
+    from plugin.programming.card_state import CardFiles
+    from plugin.programming.loaders.card_locked import CardLockedLoader
     from plugin.programming.loaders.choose import loaders
 
     if settings.command in ("serve", "discover") and settings.loader_socket is not None:
@@ -33,10 +39,12 @@ def loaders_for(settings: Settings) -> dict[str, Loader]:
 
         return dict(remote_loaders(settings.loader_socket))
 
-    return loaders(intel=settings.intel_loader, dev_root=settings.dev_root,
-                   fpgaconf=settings.fpgaconf, xbutil=settings.xbutil,
-                   aws_load=settings.fpga_load_local_image,
-                   aws_describe=settings.fpga_describe_local_image)
+    files = CardFiles(dra_state_dir(settings))
+    chosen = loaders(intel=settings.intel_loader, dev_root=settings.dev_root,
+                     fpgaconf=settings.fpgaconf, xbutil=settings.xbutil,
+                     aws_load=settings.fpga_load_local_image,
+                     aws_describe=settings.fpga_describe_local_image)
+    return {family: CardLockedLoader(loader, files) for family, loader in chosen.items()}
 
 
 def why_not_programmable(settings: Settings) -> WhyNot:
@@ -60,7 +68,7 @@ def programmer_for(settings: Settings, quarantine: Quarantine,
                       devices=devices, rescan=rescan, driver=settings.dra_driver_name,
                       timeout=settings.program_timeout, told=told,
                       require_digest=settings.require_image_digest,
-                      records=LoadRecords(quarantine.path.parent if quarantine.path else None))
+                      records=LoadRecords(quarantine.state_dir))
 
 
 async def functions_only_tools_tell(settings: Settings, devices: Iterable[Device]

@@ -255,6 +255,24 @@ def test_only_the_two_containers_share_the_socket_directory(programmed):
         assert found == {"accelerator-device-plugin": True, "loader": False}, source
 
 
+def test_the_loader_shares_the_drivers_state_directory_at_the_drivers_path(programmed):
+    """Each card's lock and load records are kept there: the loader, the driver and the
+    next pod's loader (a rolling update) must see the same host directory, read-write."""
+    for source, spec in _both(programmed):
+        (driver,) = spec["containers"]
+        (sidecar,) = spec["initContainers"]
+        paths = {}
+        for c in (driver, sidecar):
+            variables = {e["name"]: e.get("value") for e in c["env"]}
+            (mount,) = [m for m in c["volumeMounts"] if m["name"] == "dra-state"]
+            assert mount["mountPath"] == variables["ACCELERATOR_DP_DRA_STATE_DIR"], source
+            assert not mount.get("readOnly", False), source
+            paths[c["name"]] = mount["mountPath"]
+        assert paths["loader"] == paths["accelerator-device-plugin"], source
+        (volume,) = [v for v in spec["volumes"] if v["name"] == "dra-state"]
+        assert volume["hostPath"]["path"] == paths["loader"], source
+
+
 def test_the_loader_discovers_and_reads_what_the_driver_does(rendered):
     for name in ("dra+programming", "dra+intel+programming+metrics"):
         objects = rendered[name]

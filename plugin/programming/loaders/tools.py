@@ -12,6 +12,10 @@ error message, never a tool's megabytes of progress output in memory.
 A library image is never handed to a tool by its library path, which the tool would read
 again after the checks: it gets a sealed in-memory copy of the bytes that were checked and
 hashed (:mod:`.sealed`), so a file replaced in between cannot load unvetted bytes.
+
+The card lock a load runs under (:mod:`plugin.programming.card_state`) is handed to the tool
+too (:data:`HELD_FDS`): the tool holds a copy of the locked descriptor, so the card stays
+locked until the tool exits, even when the process that started it is killed first.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import os
 import signal
 import stat
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -35,6 +40,9 @@ MESSAGE_LINES = 8
 """Lines of a failed tool's output quoted in the :class:`LoadFailed` detail."""
 KILL_GRACE = 5.0
 """Seconds a killed tool's process group gets to be reaped before it is given up on."""
+HELD_FDS: ContextVar[tuple[int, ...]] = ContextVar("held_fds", default=())
+"""Descriptors every tool started in this context inherits: the card lock of the load
+(set by :class:`~plugin.programming.loaders.card_locked.CardLockedLoader`)."""
 
 
 @dataclass(frozen=True)
@@ -82,7 +90,8 @@ async def run_tool(path: Path, args: list[str], *, step: str, flag: str,
         process = await asyncio.create_subprocess_exec(
             str(path), *args, stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            start_new_session=True, env=_environment(), pass_fds=pass_fds)
+            start_new_session=True, env=_environment(),
+            pass_fds=(*pass_fds, *HELD_FDS.get()))
     except OSError as exc:
         raise LoadFailed(step, f"{path} could not be started: {exc.strerror} (set its path "
                                f"with {flag})", touched=False) from None

@@ -164,6 +164,7 @@ _HEALTH_CODES = (
     ("firewall tripped", "firewall-tripped"),
     ("image being loaded", "image-loading"),
     ("load failed", "load-failed"),
+    ("load interrupted", "load-interrupted"),
     ("through its BAR0", "bar0-missing"),
     ("no renderD", "device-node-missing"),
     ("device node", "device-node-missing"),

@@ -29,6 +29,11 @@ what each container can do.
     # The driver runs as root (UID 0): only its connections are served.
     - name: ACCELERATOR_DP_LOADER_ALLOWED_UIDS
       value: "0"
+    # The driver's state directory, where each card's lock and load record are kept: every
+    # process that may program a card (this loader, the next pod's in a rolling update)
+    # must share it, at the driver's path.
+    - name: ACCELERATOR_DP_DRA_STATE_DIR
+      value: {{ .stateDir }}
   {{- with $.Values.programming.loader.resources }}
   resources:
     {{- toYaml . | nindent 4 }}
@@ -79,4 +84,7 @@ what each container can do.
     {{- end }}
     - name: loader-socket
       mountPath: /run/accelerator-loader
+    # Read-write: the card locks and the records of loads (cards/ in it).
+    - name: dra-state
+      mountPath: {{ .stateDir }}
 {{- end -}}
