@@ -180,7 +180,8 @@ async def test_an_unprepare_past_its_deadline_says_the_claim_is_still_being_prep
     await until(lambda: programmer.settling == 1, "A being prepared")
     answer = await preparer.unprepare([ref("a"), ref("other")], timeout=0.1)
     assert answer["other"] == ""
-    assert answer["a"].startswith("claim ns/claim-a (a) is still being prepared after 0 s")
+    assert answer["a"].startswith("claim ns/claim-a (a) is still being prepared after 0 s; "
+                                  "the kubelet's next call unprepares it")
     programmer.cleared.set()
     assert (await prepare)["a"].ok and "a" in preparer.checkpoint
     assert await preparer.unprepare([ref("a")]) == {"a": ""}

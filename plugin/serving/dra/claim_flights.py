@@ -29,8 +29,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
 
 from plugin.serving.dra.prepare_functions import Refused
@@ -61,8 +68,8 @@ Start = Callable[[ClaimRef, Hold], Awaitable[PreparedClaim]]
 """Read, let in and program one claim, taking what it reserves into the hold."""
 Record = Callable[[list[PreparedClaim], dict[str, ClaimResult]], Awaitable[None]]
 """Record claims (one checkpoint change), putting each one's answer into the dict."""
-Late = Callable[[ClaimRef, float | None], str]
-"""The answer of a claim still being prepared at a call's deadline."""
+Loading = Callable[[], Mapping[str, str]]
+"""Claim UID -> the load it waits for now (the programmer's word)."""
 
 
 @dataclass(eq=False)
@@ -91,14 +98,14 @@ class ClaimFlights:
 
     start: Start
     record: Record
-    late: Late
+    loading: Loading = dict
     _flights: dict[str, Flight] = field(default_factory=dict)
-    _unpreparing: Counter[str] = field(default_factory=Counter)
+    _unpreparing: dict[str, int] = field(default_factory=dict)
+    _touching: dict[str, int] = field(default_factory=dict)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
-    _touching: Counter[str] = field(default_factory=Counter)
 
     def in_flight(self) -> frozenset[str]:
-        """UIDs of the claims being prepared now."""
+        """UIDs of the claims being prepared now (or answered again from the record)."""
         return frozenset(self._flights) | frozenset(self._touching)
 
     # -- prepare -------------------------------------------------------------------------
@@ -107,7 +114,9 @@ class ClaimFlights:
                          ) -> dict[str, str]:
         """Once no unprepare of any of ``refs`` is under way: the claims whose unprepare was
         still going at ``deadline``, with their answer (empty: none)."""
-        refs = list(refs)
+        refs = [r for r in refs if r.uid in self._unpreparing]
+        if not refs:  # the common case, without a wait
+            return {}
         await self._until(lambda: not any(r.uid in self._unpreparing for r in refs), deadline)
         return {r.uid: f"claim {describe(r)} is being unprepared; the kubelet will call "
                 "again" for r in refs if r.uid in self._unpreparing}
@@ -129,16 +138,14 @@ class ClaimFlights:
         return flights
 
     @contextlib.contextmanager
-    def touching(self, uids: Iterable[str]) -> Iterator[None]:
+    def touching(self, uids: list[str]) -> Iterator[None]:
         """Recorded claims a call is answering again (writing a spec a reboot took): no
         unprepare of them runs meanwhile."""
-        uids = list(uids)
-        self._touching.update(uids)
+        _count(self._touching, uids, 1)
         try:
             yield
         finally:
-            self._touching.subtract(uids)
-            self._touching += Counter()  # drop zeros
+            _count(self._touching, uids, -1)
             self._notify()
 
     async def answer(self, flights: Sequence[Flight], timeout: float | None,
@@ -164,7 +171,7 @@ class ClaimFlights:
         for flight in flights:
             self._landed(flight)
             results[flight.ref.uid] = flight.answer or ClaimResult(
-                error=self.late(flight.ref, timeout))
+                error=late(flight.ref, timeout, self.loading()))
 
     def leave(self, flights: Iterable[Flight]) -> None:
         """The calls are over: a flight none waits for any more ends, what it reserved given
@@ -224,14 +231,13 @@ class ClaimFlights:
         await self._until(lambda: not any(r.uid in busy() for r in claims), at(timeout))
         going = busy()
         free = [r for r in claims if r.uid not in going]
-        self._unpreparing.update(r.uid for r in free)
+        _count(self._unpreparing, [r.uid for r in free], 1)
         try:
             yield free, {r.uid: f"claim {describe(r)} is still being prepared after "
-                         f"{timeout or 0:.0f} s; it is unprepared once that ends (the kubelet "
-                         "will call again)" for r in claims if r.uid in going}
+                         f"{timeout or 0:.0f} s; the kubelet's next call unprepares it once "
+                         "that is over" for r in claims if r.uid in going}
         finally:
-            self._unpreparing.subtract(r.uid for r in free)
-            self._unpreparing += Counter()
+            _count(self._unpreparing, [r.uid for r in free], -1)
             self._notify()
 
     # -- waiting -------------------------------------------------------------------------
@@ -249,6 +255,16 @@ class ClaimFlights:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(left):
                     await changed.wait()
+
+
+def _count(counts: dict[str, int], uids: list[str], step: int) -> None:
+    """Add ``step`` to each UID's count, dropping those that reach zero."""
+    for uid in uids:
+        count = counts.get(uid, 0) + step
+        if count > 0:
+            counts[uid] = count
+        else:
+            counts.pop(uid, None)
 
 
 def at(timeout: float | None) -> float | None:
@@ -270,3 +286,13 @@ def failure(ref: ClaimRef, exc: BaseException) -> str:
     log.error("preparing claim %s failed", describe(ref), exc_info=exc)
     return (f"claim {describe(ref)}: internal error of the driver: {type(exc).__name__}: "
             f"{exc}")
+
+
+def late(ref: ClaimRef, timeout: float | None, loading: Mapping[str, str]) -> str:
+    """What a claim still being prepared at a call's deadline is answered."""
+    what = loading.get(ref.uid)
+    if what is not None:
+        return (f"claim {describe(ref)}: still {what} after {timeout or 0:.0f} s; the load "
+                "goes on, and the kubelet's next call finds it done or waits for it")
+    return (f"claim {describe(ref)} could not be prepared within {timeout or 0:.0f} s "
+            "(API server slow?); the kubelet will call again")

@@ -27,6 +27,10 @@ what a node-local driver must add):
   let the kubelet forget it for good; a prepare would have to write over the record. The
   kubelet calls both again, and the record is read again at each call.
 
+Overlapping calls for one claim share one preparation of it, which holds what it reserves
+until the last of them ends; an unprepare and a prepare of one claim never overlap (each
+waits for the other under way, an unprepare within its call's deadline): :mod:`.claim_flights`.
+
 Claims of one call are handled concurrently, at most ``concurrency`` API reads at a time
 across all calls. Nothing is written until every claim of the call is read and checked;
 then their CDI specs, then one checkpoint change for all of them, so a call of 1,000 claims
@@ -135,7 +139,7 @@ class ClaimPreparer:
                                      lambda: self.checkpoint.sharing_claims(), published_shares)
         self.functions = FunctionStep(driver, pool_name, programmer, self._holders, auditor,
                                       refused_in_status, self.shares.admitted_as)
-        self.flights = ClaimFlights(self._prepare_one, self._record, self._late_now)
+        self.flights = ClaimFlights(self._prepare_one, self._record, self._loading)
         """One preparation per claim however many calls ask for it, and no unprepare of
         a claim while it is being prepared (:mod:`.claim_flights`)."""
 
@@ -183,9 +187,10 @@ class ClaimPreparer:
         flights = self.flights.join(ref for uid, ref in asked.items()
                                     if uid not in busy and uid not in self.checkpoint)
         try:
-            with self.flights.touching(entry.ref.uid for entry in known):
-                for entry in known:
-                    results[entry.ref.uid] = await self._again(entry)
+            if known:
+                with self.flights.touching([entry.ref.uid for entry in known]):
+                    for entry in known:
+                        results[entry.ref.uid] = await self._again(entry)
             if flights:
                 await self.flights.answer(flights, timeout, deadline, results)
         finally:
@@ -206,20 +211,6 @@ class ClaimPreparer:
                                          f"{describe(known.ref)} again: {exc.strerror or exc}")
         log.debug("claim %s prepared already", describe(known.ref))
         return ClaimResult(known.devices)
-
-    def _late_now(self, ref: ClaimRef, timeout: float | None) -> str:
-        loading = self.programmer.waiting if self.programmer is not None else {}
-        return self._late(ref, timeout, loading)
-
-    @staticmethod
-    def _late(ref: ClaimRef, timeout: float | None, loading: Mapping[str, str]) -> str:
-        """What a claim still being prepared at the call's deadline is answered."""
-        what = loading.get(ref.uid)
-        if what is not None:
-            return (f"claim {describe(ref)}: still {what} after {timeout or 0:.0f} s; the "
-                    "load goes on, and the kubelet's next call finds it done or waits for it")
-        return (f"claim {describe(ref)} could not be prepared within {timeout or 0:.0f} s "
-                "(API server slow?); the kubelet will call again")
 
     async def _prepare_one(self, ref: ClaimRef, hold: Hold) -> PreparedClaim:
         """Read, let in and program one claim (a flight's work: :mod:`.claim_flights`);
@@ -248,6 +239,10 @@ class ClaimPreparer:
             devices = self._with_env(ref.uid, devices)
             spec = self.claim_specs.file_name(ref.uid)  # written by _record
         return PreparedClaim(ref, devices, spec, functions)
+
+    def _loading(self) -> Mapping[str, str]:
+        """Claim UID -> the load it waits for now, for a call answered before it ends."""
+        return self.programmer.waiting if self.programmer is not None else {}
 
     def _holders(self, uid: str, device_id: str) -> list[str]:
         """The other recorded claims holding ``device_id``."""
