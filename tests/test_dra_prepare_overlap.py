@@ -227,3 +227,21 @@ def test_a_claim_let_in_twice_stays_reserved_until_both_give_it_back():
     assert refusal is not None and "more contexts than the device has (4)" in refusal
     admission.release("a")
     assert admission.admit(ref("c"), devices("c", 2)) is None
+
+
+def test_a_preparation_gives_back_only_the_devices_it_started_on(tmp_path):
+    """What a preparation that ends takes back from the programmer is its own: the devices
+    another preparation of the same claim started on stay claimed."""
+    from plugin.programming.programmer import Programmer
+    from plugin.programming.quarantine import Quarantine
+    from value_types.devices import DeviceSet
+
+    programmer = Programmer(enabled=False, loaders={}, checks=None,
+                            quarantine=Quarantine(tmp_path), devices=DeviceSet.of,
+                            rescan=lambda _reason: None, driver=DRIVER)
+    programmer.claim_started("a", [PCI[0], PCI[1]])
+    programmer.claim_started("a", [PCI[1]])
+    programmer.claim_finished("a", [PCI[1]])
+    assert programmer.preparing() == {PCI[0], PCI[1]}
+    programmer.claim_finished("a", [PCI[0], PCI[1]])
+    assert programmer.preparing() == frozenset()
