@@ -62,7 +62,8 @@ class ClaimBackend(Protocol):
     async def prepare(self, claims: Sequence[ClaimRef],
                       timeout: float | None = None) -> Mapping[str, ClaimResult]: ...
 
-    async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]: ...
+    async def unprepare(self, claims: Sequence[ClaimRef],
+                        timeout: float | None = None) -> Mapping[str, str]: ...
 
 
 HealthSource = Callable[[], AsyncIterator[Sequence[DeviceHealthReport]]]
@@ -197,7 +198,8 @@ def _unprepare(service: DraService, wire: WireApi, backend: ClaimBackend,
             on_call(service, "NodeUnprepareResources")
         claims = claim_refs(request)
         try:
-            results: Mapping[str, str] = await backend.unprepare(claims)
+            results: Mapping[str, str] = await backend.unprepare(claims,
+                                                                 answer_within(context))
         except Exception as exc:
             log.exception("%s NodeUnprepareResources failed", service.name)
             results = failed_everywhere(

@@ -146,7 +146,7 @@ def test_handlers_cover_every_advertised_claim_service_and_health_only_when_give
         async def prepare(self, claims, timeout=None):
             return {}
 
-        async def unprepare(self, claims):
+        async def unprepare(self, claims, timeout=None):
             return {}
 
     without = plugin_handlers(Backend())
@@ -170,7 +170,7 @@ class Failing:
         self.timeouts.append(timeout)
         raise RuntimeError("a driver bug")
 
-    async def unprepare(self, claims):
+    async def unprepare(self, claims, timeout=None):
         raise RuntimeError("another bug")
 
 

@@ -173,16 +173,16 @@ class Programmer:
         loading = {d for d, task in self._loading.items() if not task.done()}
         return frozenset(loading | self.clears.changing())
 
-    def claim_finished(self, uid: str) -> None:
-        """The call preparing claim ``uid`` is over: the claim is recorded (the checkpoint
-        speaks for it from now on) or refused."""
-        for device_id in [d for d, uids in self._claimed.items() if uid in uids]:
-            uids = self._claimed[device_id]
+    def claim_finished(self, uid: str, device_ids: Iterable[str] | None = None) -> None:
+        """The preparation of claim ``uid`` started on ``device_ids`` (None: all) is over,
+        recorded or refused; another one of the claim still going keeps its devices."""
+        for device_id in list(self._claimed if device_ids is None else device_ids):
+            uids = self._claimed.get(device_id, Counter())
             uids[uid] -= 1
             if uids[uid] <= 0:
-                del uids[uid]
+                uids.pop(uid, None)
             if not uids:
-                del self._claimed[device_id]
+                self._claimed.pop(device_id, None)
 
     def configuration_refused(self, device_ids: Iterable[str]) -> None:
         """A claim's configuration could not be read: each of its devices counts as refused."""

@@ -27,6 +27,10 @@ what a node-local driver must add):
   let the kubelet forget it for good; a prepare would have to write over the record. The
   kubelet calls both again, and the record is read again at each call.
 
+Overlapping calls for one claim share one preparation of it, which holds what it reserves
+until the last of them ends; an unprepare and a prepare of one claim never overlap (each
+waits for the other under way, an unprepare within its call's deadline): :mod:`.claim_flights`.
+
 Claims of one call are handled concurrently, at most ``concurrency`` API reads at a time
 across all calls. Nothing is written until every claim of the call is read and checked;
 then their CDI specs, then one checkpoint change for all of them, so a call of 1,000 claims
@@ -41,6 +45,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 
 from plugin.model.allocation import name_some
 from plugin.process import metrics
@@ -48,6 +53,7 @@ from plugin.programming.programmer import Programmer
 from plugin.serving.dra.checkpoint import CheckpointError, ClaimCheckpoint
 from plugin.serving.dra.claim_cdi import ClaimSpecs
 from plugin.serving.dra.claim_clears import ClaimClears, stopping_error
+from plugin.serving.dra.claim_flights import ClaimFlights, Hold, at
 from plugin.serving.dra.claim_spec_files import groups as _groups
 from plugin.serving.dra.claim_spec_files import remove_specs, share_groups, write_specs
 from plugin.serving.dra.function_audit import Auditor
@@ -145,6 +151,9 @@ class ClaimPreparer:
         self.functions = FunctionStep(driver, pool_name, programmer, self._holders, auditor,
                                       refused_in_status, self.shares.admitted_as,
                                       device_classes)
+        self.flights = ClaimFlights(self._prepare_one, self._record, self._loading)
+        """One preparation per claim however many calls ask for it, and no unprepare of
+        a claim while it is being prepared (:mod:`.claim_flights`)."""
 
     # -- prepare ---------------------------------------------------------------------------
 
@@ -171,29 +180,34 @@ class ClaimPreparer:
         refusal = self._unavailable()
         if refusal is not None:
             return {ref.uid: ClaimResult(error=refusal) for ref in claims}
+        deadline = at(timeout)
         results: dict[str, ClaimResult] = {}
-        pending: dict[str, ClaimRef] = {}
+        asked: dict[str, ClaimRef] = {}
         for ref in claims:
-            if ref.uid in results or ref.uid in pending:
+            if ref.uid in results or ref.uid in asked:
                 continue
-            known = self.checkpoint.get(ref.uid)
-            if known is not None:
-                results[ref.uid] = await self._again(known)
-            elif not ref.uid:
+            if not ref.uid:
                 results[ref.uid] = ClaimResult(error=f"claim {ref.namespace}/{ref.name} "
                                                      "has no UID in the request")
             else:
-                pending[ref.uid] = ref
-        if not pending:
-            return results
+                asked[ref.uid] = ref
+        # Nothing is looked up while an unprepare of the claim is under way; from here on,
+        # no await until each claim is found recorded or its flight joined.
+        busy = await self.flights.unprepared(asked.values(), deadline)
+        results.update((uid, ClaimResult(error=error)) for uid, error in busy.items())
+        known = [entry for uid in asked if uid not in busy
+                 and (entry := self.checkpoint.get(uid)) is not None]
+        flights = self.flights.join(ref for uid, ref in asked.items()
+                                    if uid not in busy and uid not in self.checkpoint)
         try:
-            prepared = await self._prepare_all(list(pending.values()), timeout, results)
-            await self._record(prepared, results)
+            if known:
+                with self.flights.touching([entry.ref.uid for entry in known]):
+                    for entry in known:
+                        results[entry.ref.uid] = await self._again(entry)
+            if flights:
+                await self.flights.answer(flights, timeout, deadline, results)
         finally:
-            for uid in pending:
-                self.shares.release(uid)
-                if self.programmer is not None:
-                    self.programmer.claim_finished(uid)
+            self.flights.leave(flights)
         return results
 
     async def _again(self, known: PreparedClaim) -> ClaimResult:
@@ -211,49 +225,9 @@ class ClaimPreparer:
         log.debug("claim %s prepared already", describe(known.ref))
         return ClaimResult(known.devices)
 
-    async def _prepare_all(self, refs: list[ClaimRef], timeout: float | None,
-                           results: dict[str, ClaimResult]) -> list[PreparedClaim]:
-        tasks = {asyncio.create_task(self._prepare_one(ref)): ref for ref in refs}
-        try:
-            _, late = await asyncio.wait(tasks, timeout=timeout)
-        except BaseException:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            raise
-        loading = dict(self.programmer.waiting) if self.programmer is not None else {}
-        for task in late:
-            task.cancel()
-        await asyncio.gather(*late, return_exceptions=True)
-        prepared = []
-        for task, ref in tasks.items():
-            if task in late:
-                results[ref.uid] = ClaimResult(error=self._late(ref, timeout, loading))
-                continue
-            exc = task.exception()
-            if exc is None:
-                prepared.append(task.result())
-            elif isinstance(exc, Refused):
-                results[ref.uid] = ClaimResult(error=str(exc))
-                log.warning("refused to prepare claim %s: %s", describe(ref), exc)
-            else:
-                log.error("preparing claim %s failed", describe(ref), exc_info=exc)
-                results[ref.uid] = ClaimResult(error=(
-                    f"claim {describe(ref)}: internal error of the driver: "
-                    f"{type(exc).__name__}: {exc}"))
-        return prepared
-
-    @staticmethod
-    def _late(ref: ClaimRef, timeout: float | None, loading: Mapping[str, str]) -> str:
-        """What a claim still being prepared at the call's deadline is answered."""
-        what = loading.get(ref.uid)
-        if what is not None:
-            return (f"claim {describe(ref)}: still {what} after {timeout:.0f} s; the load "
-                    "goes on, and the kubelet's next call finds it done or waits for it")
-        return (f"claim {describe(ref)} could not be prepared within {timeout:.0f} s "
-                "(API server slow?); the kubelet will call again")
-
-    async def _prepare_one(self, ref: ClaimRef) -> PreparedClaim:
+    async def _prepare_one(self, ref: ClaimRef, hold: Hold) -> PreparedClaim:
+        """Read, let in and program one claim (a flight's work: :mod:`.claim_flights`);
+        what it reserves is taken into ``hold``, given back when its flight ends."""
         allocation = await self._read(ref)
         if allocation.ref.uid != ref.uid:
             raise Refused(f"claim {ref.namespace}/{ref.name} was replaced: the API server has "
@@ -265,16 +239,23 @@ class ClaimPreparer:
         refusal = self.shares.admit(ref, devices)
         if refusal is not None:
             raise Refused(refusal)
+        hold.take(partial(self.shares.release, ref.uid))
         if self.programmer is not None:
             # From here until the claim is recorded or refused, no load for anyone else
             # starts on its devices, whether or not it names a function.
-            self.programmer.claim_started(ref.uid, [d.device_id for d in devices])
+            ids = [d.device_id for d in devices]
+            self.programmer.claim_started(ref.uid, ids)
+            hold.take(partial(self.programmer.claim_finished, ref.uid, ids))
         functions = await self.functions.program(ref, allocation, devices)
         spec = None
         if self.claim_specs is not None and devices:
             devices = self._with_env(ref.uid, devices)
             spec = self.claim_specs.file_name(ref.uid)  # written by _record
         return PreparedClaim(ref, devices, spec, functions)
+
+    def _loading(self) -> Mapping[str, str]:
+        """Claim UID -> the load it waits for now, for a call answered before it ends."""
+        return self.programmer.waiting if self.programmer is not None else {}
 
     def _holders(self, uid: str, device_id: str) -> list[str]:
         """The other recorded claims holding ``device_id``."""
@@ -380,9 +361,20 @@ class ClaimPreparer:
 
     # -- unprepare -------------------------------------------------------------------------
 
-    async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
-        """Claim UID -> error (``""``: done) for every claim asked; from the checkpoint only.
-        Their clears are recorded pending before they leave it (:mod:`.claim_clears`)."""
+    async def unprepare(self, claims: Sequence[ClaimRef],
+                        timeout: float | None = None) -> dict[str, str]:
+        """Claim UID -> error (``""``: done) for every claim asked; from the checkpoint only,
+        once no prepare of the claim is under way (within ``timeout`` seconds; a claim
+        still being prepared then is this call's error, see :mod:`.claim_flights`)."""
+        async with self.flights.unpreparing(claims, timeout) as (free, busy):
+            results = await self._unprepare_settled(free) if free else {}
+        if busy:
+            metrics.dra_claims(self.driver, "unprepare", 0, len(busy))
+        return {ref.uid: busy.get(ref.uid, results.get(ref.uid, "")) for ref in claims}
+
+    async def _unprepare_settled(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
+        """:meth:`unprepare` of claims no prepare is under way for. Their clears are
+        recorded pending before they leave the checkpoint (:mod:`.claim_clears`)."""
         known = {} if self.programmer is None or self._unavailable() is not None else {
             ref.uid: entry for ref in claims
             if (entry := self.checkpoint.get(ref.uid)) is not None}

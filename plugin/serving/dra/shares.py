@@ -25,12 +25,15 @@ and what its checkpoint records, and refuses rather than hand one device to two 
   only the ones recorded already.
 
 Claims being prepared now count as holders too (:meth:`ShareAdmission.admit` reserves what
-it let in until the call records or refuses the claim), so two shares of one call, or of two
-calls at once, cannot both take the last context.
+it let in until the claim is recorded or refused), so two shares of one call, or of two
+calls at once, cannot both take the last context. A claim let in twice (two preparations of
+it at once) stays reserved until both gave it back: each :meth:`~ShareAdmission.release`
+takes back one admission, never one another preparation relies on.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -96,6 +99,8 @@ class ShareAdmission:
         self._sharing = sharing
         self._pending: dict[str, PreparedClaim] = {}
         """Claim UID -> the devices it was let in with, until recorded or refused."""
+        self._admissions: Counter[str] = Counter()
+        """Claim UID -> admissions not given back yet: its reservation goes with the last."""
         self._admitted_as: dict[str, dict[str, SharedAs]] = {}
         """Claim UID -> what each device it holds a share of was shared as when the claim
         was let in, until recorded or refused."""
@@ -110,7 +115,7 @@ class ShareAdmission:
         others.update((uid, c) for uid, c in self._pending.items()
                       if uid != ref.uid and (shares or holds_a_share(c)))
         if not others and not shares:
-            self._pending[ref.uid] = PreparedClaim(ref, tuple(devices))
+            self._reserve(ref, devices, {})
             return None
         held = holdings_of(others.values())
         published = self._published() if shares else {}
@@ -149,10 +154,17 @@ class ShareAdmission:
                                 f"device has ({contexts})")
         if problems:
             return f"claim {describe(ref)}: {'; '.join(problems)}"
-        self._pending[ref.uid] = PreparedClaim(ref, tuple(devices))
-        self._admitted_as[ref.uid] = {d.device_id: shared_as[d.device_id] for d in devices
-                                      if d.share_id and d.device_id in shared_as}
+        self._reserve(ref, devices, {d.device_id: shared_as[d.device_id] for d in devices
+                                     if d.share_id and d.device_id in shared_as})
         return None
+
+    def _reserve(self, ref: ClaimRef, devices: Sequence[PreparedDevice],
+                 admitted_as: dict[str, SharedAs]) -> None:
+        """A claim let in (again, when another preparation of it holds it already: the
+        first admission's word on what its devices were shared as stays)."""
+        self._pending[ref.uid] = PreparedClaim(ref, tuple(devices))
+        self._admitted_as.setdefault(ref.uid, admitted_as)
+        self._admissions[ref.uid] += 1
 
     def admitted_as(self, uid: str) -> Mapping[str, SharedAs]:
         """Device ID -> what it was shared as when claim ``uid`` was let in (a device the
@@ -161,8 +173,12 @@ class ShareAdmission:
         return self._admitted_as.get(uid, {})
 
     def release(self, uid: str) -> None:
-        """The call preparing claim ``uid`` is over: recorded (the checkpoint speaks for it
-        now) or refused."""
+        """One admission of claim ``uid`` is over: recorded (the checkpoint speaks for it
+        now) or refused. The claim stays reserved while another admission of it is not."""
+        if self._admissions[uid] > 1:
+            self._admissions[uid] -= 1
+            return
+        self._admissions.pop(uid, None)
         self._pending.pop(uid, None)
         self._admitted_as.pop(uid, None)
 
