@@ -445,7 +445,8 @@ async def test_a_load_cut_off_all_the_same_leaves_the_device_unknown(
     loader.delay = 5.0
     call = asyncio.create_task(
         programmer.ensure("ns/a", "A", PORT, spec(NLB3_AFU_ID, "nlb3.gbs"), nobody))
-    await asyncio.sleep(0.1)
+    while not loader.running:  # the load has begun: the card may be touched from here on
+        await asyncio.sleep(0.01)
     for task in list(programmer._loading.values()):  # what a killed event loop does
         task.cancel()
     await asyncio.gather(call, return_exceptions=True)
