@@ -59,6 +59,9 @@ class LoaderService:
         except BadRequest as exc:
             log.warning("refused a request: %s", exc)
             return protocol.refused(REQUEST_STEP, str(exc))
+        except Exception:  # parse_request promises BadRequest only; a bug is still a refusal
+            log.exception("refused a request that could not be read")
+            return protocol.refused(REQUEST_STEP, "the request could not be read")
         try:
             if request.op == "inventory":
                 return await self._inventory()
