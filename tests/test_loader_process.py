@@ -66,7 +66,7 @@ def test_a_load_request_round_trips():
     (b"\xff\xfe", "not a JSON object"),
     (json.dumps({"v": 2, "op": "inventory"}).encode(), "version 2"),
     (json.dumps({"v": 1, "op": "flash"}).encode(), "op 'flash'"),
-    (json.dumps({"v": 1, "op": "inventory", "path": "/etc"}).encode(), "unknown field(s) path"),
+    (json.dumps({"v": 1, "op": "inventory", "path": "/etc"}).encode(), "unknown field(s) 'path'"),
     (load_request(sha256=...), "field sha256 is missing"),
     (load_request(timeout="20"), "field timeout has the wrong type"),
     (load_request(timeout=True), "field timeout has the wrong type"),

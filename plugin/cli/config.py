@@ -13,9 +13,8 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from api_versions.retry import RetryPolicy
 from plugin.cli.converters import (
     BACKOFF,
     HEALTH_INTERVAL,
@@ -40,18 +39,23 @@ from plugin.cli.loader_flags import add_loader_flags, add_serve_loader_flag
 from plugin.cli.settings import (
     API_CHOICES,
     BACKEND_CHOICES,
+    CDI_STRATEGIES,
     DEFAULT_DIR,
     DEFAULT_DRA_DRIVER,
     DEFAULT_GENERATIONS,
     DEFAULT_IMAGE_LIBRARY,
     DEFAULT_POD_RESOURCES_SOCKET,
     DEFAULT_PROGRAM_TIMEOUT,
+    DEFAULT_REGISTRY,
     DEFAULT_RESOURCE,
     DEFAULT_SOCKET,
+    DEFAULT_SPEC_DIR,
     DEFAULT_STOP_TIMEOUT,
     EVENTS_CHOICES,
     KUBELET_PLUGINS_DIR,
+    REGISTRATION_MODES,
     RESOURCE_MODES,
+    RUNTIME_CDI_CHOICES,
     Settings,
 )
 from plugin.cli.sources import CONFIG_KEY, UNSET, Option, SettingError, resolve
@@ -62,12 +66,9 @@ from plugin.model.programming import (
     PROGRAMMING_MODES,
 )
 from plugin.model.replicas import MAX_REPLICAS
-from plugin.serving.cdi import DEFAULT_SPEC_DIR
-from plugin.serving.cdi import STRATEGIES as CDI_STRATEGIES
-from plugin.serving.deviceplugin.channels import DEFAULT_REGISTRY
-from plugin.serving.deviceplugin.channels import MODES as REGISTRATION_MODES
-from plugin.serving.runtime_cdi import CHOICES as RUNTIME_CDI_CHOICES
-from plugin.version import VERSION
+
+if TYPE_CHECKING:
+    from api_versions.retry import RetryPolicy
 
 ENV_PREFIX = "ACCELERATOR_DP_"
 
@@ -84,6 +85,18 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+class _Version(argparse.Action):
+    """``--version``, reading the package's metadata only when asked: importlib.metadata
+    costs megabytes the ``loader`` process, which never prints a version, should not hold."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> NoReturn:
+        from plugin.version import VERSION
+
+        print(f"accelerator-device-plugin {VERSION}")  # on stdout, as argparse's own does
+        parser.exit()
 
 
 def _env(flag: str) -> str:
@@ -313,8 +326,9 @@ def build_parser() -> OneLineParser:
         description="Kubernetes device plugin for FPGA accelerators, for every kubelet API "
         "generation (v1alpha1, v1alpha2, v1beta1).",
     )
-    parser.add_argument("--version", action="version",
-                        version=f"accelerator-device-plugin {VERSION}")
+    parser.add_argument("--version", action=_Version, nargs=0, dest=argparse.SUPPRESS,
+                        default=argparse.SUPPRESS,
+                        help="show program's version number and exit")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 
     serve = commands.add_parser("serve", help="register with the kubelet and serve devices")
@@ -381,18 +395,23 @@ def parse(argv: Sequence[str] | None = None) -> Settings:
     except SettingError as exc:
         command.error(str(exc))
     values = {k: v for k, v in vars(ns).items() if k in Settings.__dataclass_fields__}
-    default = RetryPolicy()
-    retry = RetryPolicy(
-        attempts=max(1, getattr(ns, "retry_attempts", default.attempts)),
-        max_backoff=getattr(ns, "retry_max_backoff", default.max_backoff),
-        register_timeout=getattr(ns, "register_timeout", default.register_timeout),
-    )
     if ns.command == "healthcheck" and ns.heartbeat_file is None:
         command.error("needs --heartbeat-file (or ACCELERATOR_DP_HEARTBEAT_FILE)")
-    settings = Settings(retry=retry, origins=origins, **values)
+    settings = Settings(retry=_retry(ns) if ns.command == "serve" else None, origins=origins,
+                        **values)
     problem = settings_problem(settings)
     if problem:
         command.error(problem)
     return settings
 
 
+def _retry(ns: argparse.Namespace) -> RetryPolicy:
+    """``serve``'s negotiation policy from its ``--retry-*`` and ``--register-timeout``."""
+    from api_versions.retry import RetryPolicy
+
+    default = RetryPolicy()
+    return RetryPolicy(
+        attempts=max(1, getattr(ns, "retry_attempts", default.attempts)),
+        max_backoff=getattr(ns, "retry_max_backoff", default.max_backoff),
+        register_timeout=getattr(ns, "register_timeout", default.register_timeout),
+    )

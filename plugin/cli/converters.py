@@ -10,11 +10,14 @@ from __future__ import annotations
 import argparse
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from plugin.cli.settings import DEFAULT_GENERATIONS
 from plugin.model.replicas import Replicas, parse_replicas
 from plugin.model.resource_names import dns_subdomain_problem, resource_name_problem
-from plugin.serving.dra.share_setting import FamilyShare, parse_shares
+
+if TYPE_CHECKING:
+    from plugin.serving.dra.share_setting import FamilyShare
 
 
 @dataclass(frozen=True)
@@ -143,7 +146,10 @@ def replicas(text: str) -> Replicas:
 
 
 def shares(text: str) -> tuple[FamilyShare, ...]:
-    """``--dra-share``: see :mod:`plugin.serving.dra.share_setting`."""
+    """``--dra-share``: see :mod:`plugin.serving.dra.share_setting` (imported when a value
+    is read, so parsing another command's settings loads no serving code)."""
+    from plugin.serving.dra.share_setting import parse_shares
+
     try:
         return parse_shares(text)
     except ValueError as exc:

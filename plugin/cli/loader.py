@@ -43,7 +43,10 @@ async def _serve(settings: Settings, backend: Backend) -> int:
 
     assert settings.loader_socket is not None
     service = LoaderService(lambda: list(backend.scan()), loaders_for(settings),
-                            ImageLibrary(settings.image_library, settings.image_max_bytes))
+                            ImageLibrary(settings.image_library, settings.image_max_bytes),
+                            require_digest=settings.require_image_digest)
+    if settings.require_image_digest:
+        log.info("loader: --require-image-digest: every image must be pinned by sha256")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

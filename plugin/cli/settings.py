@@ -6,17 +6,17 @@ settings while only the command line builds them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from api_versions.retry import RetryPolicy
 from plugin.cli.sources import Origin
 from plugin.model.programming import DEFAULT_MAX_IMAGE_BYTES
 from plugin.model.replicas import Replicas
-from plugin.serving.cdi import DEFAULT_SPEC_DIR
-from plugin.serving.deviceplugin.channels import DEFAULT_REGISTRY
-from plugin.serving.dra.share_setting import FamilyShare
-from plugin.serving.dra.stopping import DEFAULT_STOP_TIMEOUT
+
+if TYPE_CHECKING:
+    from api_versions.retry import RetryPolicy
+    from plugin.serving.dra.share_setting import FamilyShare
 
 DEFAULT_PROGRAM_TIMEOUT = 120.0
 DEFAULT_IMAGE_LIBRARY = Path("/var/lib/accelerator-images")
@@ -31,6 +31,20 @@ EVENTS_CHOICES = ("auto", "on", "off")
 DEFAULT_DRA_DRIVER = "accelerator.b-com.com"
 KUBELET_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
 DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+DEFAULT_REGISTRY = Path("/var/lib/kubelet/plugins_registry")
+"""The kubelet's plugin-watcher directory."""
+DEFAULT_SPEC_DIR = Path("/var/run/cdi")
+"""Where the container runtime reads CDI specs."""
+DEFAULT_STOP_TIMEOUT = 25.0
+"""Seconds a stopping DRA driver waits for its loads and clears (``--stop-timeout``), as
+:mod:`plugin.serving.dra.stopping` defines it (tests/test_loader_imports.py checks)."""
+REGISTRATION_MODES = ("auto", "kubelet-socket", "plugin-watcher")
+CDI_STRATEGIES = ("device-specs", "cdi", "both")
+RUNTIME_CDI_CHOICES = ("auto", "enabled", "disabled")
+"""The values of ``--registration``, ``--device-list-strategy`` and ``--runtime-cdi``, as
+the serving modules that act on them define them (tests/test_loader_imports.py checks they
+agree): spelt here so that parsing settings, which the ``loader`` command does too, loads
+no serving code."""
 
 
 @dataclass(frozen=True)
@@ -105,7 +119,9 @@ class Settings:
     """``serve``: the loader process's socket (None: load in-process); ``loader``: its own."""
     loader_allowed_uids: tuple[int, ...] = (0,)
     loader_network: str = "isolate"
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    retry: RetryPolicy | None = None
+    """``serve``'s ``--retry-*`` flags; None: the default policy (the other commands
+    negotiate nothing, and the ``loader`` process holds no kubelet API code)."""
     origins: tuple[Origin, ...] = ()
     """Each setting not at its default and where it came from, for the start-up line."""
 

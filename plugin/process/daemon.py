@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from api_versions.negotiate import KUBELET_SOCKET, adapters
+from api_versions.retry import RetryPolicy
 from plugin.cli.config import Settings
 from plugin.cli.settings import dra_state_dir, events_enabled
 from plugin.cli.sources import describe
@@ -264,7 +265,7 @@ class Daemon:
                                         self.settings.resource_mode),
             feed=feed,
             candidates=self.candidates,
-            policy=self.settings.retry,
+            policy=self.settings.retry or RetryPolicy(),
             timing=self.timing,
             registration=self.settings.registration,
             registry_dir=self.settings.plugins_registry_dir,

@@ -20,7 +20,7 @@ from typing import BinaryIO
 DIGEST_STEP = "check image digest"
 """The step a load refused for a digest mismatch names (``LoadFailed.step``)."""
 CHUNK = 1024 * 1024
-_HEX = re.compile(r"^[0-9a-f]{64}$")
+_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 def normalise_sha256(value: object) -> str:
@@ -28,7 +28,7 @@ def normalise_sha256(value: object) -> str:
     if not isinstance(value, str):
         raise ValueError(f"sha256 must be a string, not {type(value).__name__}")
     digest = value.strip().lower().removeprefix("sha256:")
-    if not _HEX.match(digest):
+    if not _HEX.fullmatch(digest):
         raise ValueError(f"sha256 {value[:80]!r} is not a SHA-256 digest (64 hex digits, as "
                          "sha256sum prints it)")
     return digest

@@ -9,16 +9,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from plugin.cli.config import Settings
 from plugin.model.programming import WhyNot, never_why
 from plugin.programming.image_checks import ImageChecks, held_function
 from plugin.programming.library import ImageLibrary
-from plugin.programming.load_record import LoadRecord, LoadRecords, read_records
 from plugin.programming.loaders.base import Loader, LoadFailed
-from plugin.programming.programmer import Programmer, Told, unavailable
-from plugin.programming.quarantine import Quarantine
 from value_types.devices import Device, DeviceSet
+
+if TYPE_CHECKING:  # the driver's: imported where used, so the loader process never holds them
+    from plugin.programming.load_record import LoadRecord
+    from plugin.programming.programmer import Programmer, Told
+    from plugin.programming.quarantine import Quarantine
 
 
 def loaders_for(settings: Settings) -> dict[str, Loader]:
@@ -49,6 +52,8 @@ def loaders_for(settings: Settings) -> dict[str, Loader]:
 
 def why_not_programmable(settings: Settings) -> WhyNot:
     """What ``discover`` shows as PROGRAMMABLE: the rule the driver publishes."""
+    from plugin.programming.programmer import unavailable
+
     if settings.programming != "on":
         return never_why
     loaders = loaders_for(settings)
@@ -60,6 +65,9 @@ def programmer_for(settings: Settings, quarantine: Quarantine,
                    told: Told | None = None,
                    loaders: Mapping[str, Loader] | None = None) -> Programmer:
     """The DRA driver's programmer; ``loaders`` replaces the flags' choice (tests)."""
+    from plugin.programming.load_record import LoadRecords
+    from plugin.programming.programmer import Programmer
+
     enabled = settings.programming == "on"
     chosen = dict(loaders) if loaders is not None else (loaders_for(settings) if enabled
                                                           else {})
@@ -99,6 +107,7 @@ def loaded_from(settings: Settings, devices: Iterable[Device],
     """Device ID -> the driver's record of its last load, for ``discover``: only where the
     device still holds the recorded function (``told``: what only a tool can tell)."""
     from plugin.cli.settings import dra_state_dir
+    from plugin.programming.load_record import read_records
 
     records = read_records(dra_state_dir(settings))
     shown = {}

@@ -64,7 +64,6 @@ from value_types.devices import Device, DeviceSet
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SPEC_DIR = Path("/var/run/cdi")
 STRATEGIES = ("device-specs", "cdi", "both")
 """What v1beta1 Allocate names devices with when --cdi is on: DeviceSpecs only (CDI specs
 still written, for other tools), CDI names only, or both (the default, for kubelets < 1.28)."""

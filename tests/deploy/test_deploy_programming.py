@@ -279,7 +279,8 @@ def test_the_loader_discovers_and_reads_what_the_driver_does(rendered):
         variables = {e["name"]: e.get("value") for e in loader(objects)["env"]}
         for key in ("ACCELERATOR_DP_BACKEND", "ACCELERATOR_DP_SYSFS_ROOT",
                     "ACCELERATOR_DP_DEV_ROOT", "ACCELERATOR_DP_IMAGE_LIBRARY",
-                    "ACCELERATOR_DP_IMAGE_MAX_BYTES", "ACCELERATOR_DP_INTEL_LOADER"):
+                    "ACCELERATOR_DP_IMAGE_MAX_BYTES", "ACCELERATOR_DP_INTEL_LOADER",
+                    "ACCELERATOR_DP_REQUIRE_IMAGE_DIGEST"):
             assert variables[key] == env(objects)[key], (name, key)
         driver_mounts = {m["mountPath"]: m for m in container(objects)["volumeMounts"]}
         for mount in loader(objects)["volumeMounts"]:
@@ -319,6 +320,8 @@ def test_the_loader_containers_settings_parse(programmed, tmp_path):
     assert str(settings.loader_socket) == LOADER_SOCKET
     assert settings.intel_loader == "ioctl" and settings.backend == config_file(chart, ds).get(
         "backend", "auto")
+    # The chart's example pins every image, and the loader enforces it on its own.
+    assert settings.require_image_digest is True
 
 
 def test_component_and_chart_give_serve_the_same_programming_settings(programmed):

@@ -15,7 +15,6 @@ processes created afterwards inherit it.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 
 CLONE_NEWNET = 0x40000000
@@ -24,11 +23,14 @@ CLONE_NEWNET = 0x40000000
 
 def leave_network() -> str | None:
     """Move this process into an empty network namespace; None once done, else why not."""
+    # The C library this interpreter already runs on (dlopen(NULL)): no search for it,
+    # which would pull in ctypes.util and what it imports.
+    libc = ctypes.CDLL(None, use_errno=True)
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    except OSError as exc:
-        return f"libc cannot be loaded: {exc}"
-    if libc.unshare(CLONE_NEWNET) != 0:
+        unshare = libc.unshare
+    except AttributeError:
+        return "the C library has no unshare"
+    if unshare(CLONE_NEWNET) != 0:
         code = ctypes.get_errno()
         return f"unshare(CLONE_NEWNET) failed: {os.strerror(code)} (errno {code})"
     return None

@@ -37,8 +37,9 @@ OPS = ("load", "loaded", "inventory")
 REQUEST_STEP = "loader request"
 """The step a refused request names."""
 MAX_TIMEOUT = 3600.0
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:._-]{0,252}$")
-_FUNCTION = re.compile(r"^[A-Za-z0-9-]{1,64}$")
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9:._-]{0,252}")
+_FUNCTION = re.compile(r"[A-Za-z0-9-]{1,64}")
+"""Both matched whole (``fullmatch``): ``$`` would let a trailing newline through."""
 _FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     "load": {"device": (str,), "function_id": (str,), "image": (str, type(None)),
              "sha256": (str, type(None)), "timeout": (int, float)},
@@ -71,24 +72,31 @@ class Request:
 
 
 def parse_request(data: bytes) -> Request:
-    """The request ``data`` holds; :class:`BadRequest` naming what is wrong."""
+    """The request ``data`` holds; :class:`BadRequest` naming what is wrong, and nothing
+    else, whatever the bytes (a malformed request is a refusal, never a crash)."""
     if len(data) > MAX_REQUEST:
         raise BadRequest(f"request is over {MAX_REQUEST} bytes")
     try:
-        body = json.loads(data.decode("utf-8"), parse_constant=_no_constant)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise BadRequest(f"request is not a JSON object: {exc}") from None
+        body = json.loads(data.decode("utf-8"), parse_constant=_no_constant,
+                          object_pairs_hook=_no_repeats)
+    except RecursionError:
+        # Deep nesting (``[`` a few thousand times) exhausts the parser's stack.
+        raise BadRequest("request is not a JSON object: nested too deeply") from None
+    except (ValueError, OverflowError) as exc:
+        # ValueError covers bad UTF-8, bad JSON and over-long integers.
+        raise BadRequest(f"request is not a JSON object: {str(exc)[:200]}") from None
     if not isinstance(body, dict):
         raise BadRequest("request is not a JSON object")
-    if body.get("v") != VERSION:
-        raise BadRequest(f"request version {body.get('v')!r} is not {VERSION}")
+    version = body.get("v")
+    if type(version) is not int or version != VERSION:  # not true, not 1.0
+        raise BadRequest(f"request version {_shown(version)} is not {VERSION}")
     op = body.get("op")
-    if op not in OPS:
-        raise BadRequest(f"op {op!r} is not one of {', '.join(OPS)}")
+    if not isinstance(op, str) or op not in OPS:
+        raise BadRequest(f"op {_shown(op)} is not one of {', '.join(OPS)}")
     fields = _FIELDS[op]
     extra = sorted(set(body) - set(fields) - {"v", "op"})
     if extra:
-        raise BadRequest(f"{op}: unknown field(s) {', '.join(extra)[:200]}")
+        raise BadRequest(f"{op}: unknown field(s) {', '.join(map(repr, extra))[:200]}")
     for name, kinds in fields.items():
         if name not in body:
             raise BadRequest(f"{op}: field {name} is missing")
@@ -96,9 +104,15 @@ def parse_request(data: bytes) -> Request:
         if not isinstance(value, kinds) or isinstance(value, bool):
             raise BadRequest(f"{op}: field {name} has the wrong type "
                              f"({type(value).__name__})")
+        if isinstance(value, str) and not _utf8(value):
+            raise BadRequest(f"{op}: field {name} is not valid Unicode (a lone surrogate)")
+    try:
+        timeout = float(body.get("timeout", 60.0))
+    except OverflowError:  # an integer too large for a float
+        raise BadRequest(f"load: timeout must be between 0 and {MAX_TIMEOUT:g} "
+                         "seconds") from None
     request = Request(op=op, device=body.get("device"), function_id=body.get("function_id"),
-                      image=body.get("image"), sha256=body.get("sha256"),
-                      timeout=float(body.get("timeout", 60.0)))
+                      image=body.get("image"), sha256=body.get("sha256"), timeout=timeout)
     return _checked(request)
 
 
@@ -106,13 +120,38 @@ def _no_constant(name: str) -> object:
     raise ValueError(f"{name} is not a JSON number")
 
 
+def _no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object whose keys are all different: with a key twice, which value counts would
+    depend on the parser, and the driver never writes one."""
+    body = dict(pairs)
+    if len(body) != len(pairs):
+        raise ValueError("a key appears twice in one object")
+    return body
+
+
+def _shown(value: object) -> str:
+    """A value a request sent, short and printable (``repr`` escapes what a log cannot
+    carry)."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _utf8(text: str) -> bool:
+    """False for text JSON allows but no file name or log line can carry (``\\ud800``)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _checked(request: Request) -> Request:
-    if request.device is not None and not _ID.match(request.device):
+    if request.device is not None and not _ID.fullmatch(request.device):
         raise BadRequest(f"{request.op}: device {request.device[:80]!r} is not a device ID")
     if request.op != "load":
         return request
     assert request.function_id is not None
-    if not _FUNCTION.match(request.function_id):
+    if not _FUNCTION.fullmatch(request.function_id):
         raise BadRequest(f"load: function_id {request.function_id[:80]!r} is not a function "
                          "ID (hex digits, or an AGFI)")
     if request.image is not None and not 0 < len(request.image) <= 4096:

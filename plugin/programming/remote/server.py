@@ -14,6 +14,19 @@ refused unread. A request is read for at most :data:`READ_TIMEOUT` seconds and
 :data:`~.protocol.MAX_REQUEST` bytes; a bad one gets a clear refusal, and no request, good
 or bad, ends the server. A load runs to its end even when the driver hangs up: a card is
 never left half-programmed because a caller went away.
+
+Loads for one card take turns (two ports of one FME share its partial-reconfiguration
+engine). A load waiting its turn is still the client's: its ``timeout`` is the client's
+budget and the wait counts in it, so the load starts with what is left (a load with too
+little left, :data:`START_BUDGET`, is refused untouched, saying how long it waited and for
+what), and a load whose client hung up while it waited is dropped, nothing loaded. The
+client half-closes its side once its request is sent, which is not a hang-up; a full close
+shows on the server's socket as ``POLLHUP`` (unix(7) stream sockets; :func:`hung_up`).
+
+With ``--require-image-digest`` the loader refuses, on its own, any image the request does
+not pin with a ``sha256``: a driver that was made to ask for an unpinned file (through the
+tenant input it parses) gets a refusal, not a load. A load by ID (an AWS AGFI: no image,
+no bytes on this node to hash) is not an image and passes.
 """
 
 from __future__ import annotations
@@ -22,12 +35,14 @@ import asyncio
 import contextlib
 import logging
 import os
+import select
 import socket
 import stat
 import struct
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
+from plugin.programming.digest import DIGEST_STEP
 from plugin.programming.library import ImageLibrary
 from plugin.programming.loaders.base import Loader, LoadFailed, LoadJob
 from plugin.programming.loaders.checks import CHECK_STEP
@@ -40,32 +55,49 @@ log = logging.getLogger(__name__)
 READ_TIMEOUT = 5.0
 """Seconds a connected peer has to send its whole request."""
 DEVICE_STEP = "find device"
+CARD_STEP = "wait for card"
+"""The step a load refused or dropped while it waited for its card names."""
+START_BUDGET = 1.0
+"""Seconds of its budget a load needs left to start (or half its budget, if that is less):
+one started with less would be killed half-way, leaving the card unknown."""
+HANGUP_POLL = 0.1
+"""Seconds between two looks at a waiting load's connection."""
+
+
+def never_gone() -> bool:
+    return False
 
 
 class LoaderService:
     """Answers requests (no socket here: :func:`serve_socket` carries them)."""
 
     def __init__(self, scan: Callable[[], list[Device]], loaders: Mapping[str, Loader],
-                 library: ImageLibrary) -> None:
+                 library: ImageLibrary, *, require_digest: bool = False) -> None:
         self._scan = scan
         self.loaders = dict(loaders)
         self.library = library
+        self.require_digest = require_digest
         self._locks: dict[str, asyncio.Lock] = {}
 
-    async def answer(self, data: bytes) -> bytes:
-        """The answer to the request ``data``; never raises."""
+    async def answer(self, data: bytes, gone: Callable[[], bool] = never_gone) -> bytes:
+        """The answer to the request ``data``; never raises. ``gone`` tells whether the
+        client has hung up (a waiting load is then dropped)."""
+        received = asyncio.get_running_loop().time()
         try:
             request = protocol.parse_request(data)
         except BadRequest as exc:
             log.warning("refused a request: %s", exc)
             return protocol.refused(REQUEST_STEP, str(exc))
+        except Exception:  # parse_request promises BadRequest only; a bug is still a refusal
+            log.exception("refused a request that could not be read")
+            return protocol.refused(REQUEST_STEP, "the request could not be read")
         try:
             if request.op == "inventory":
                 return await self._inventory()
             device = await self._device(request)
             if request.op == "loaded":
                 return await self._loaded(device)
-            return await self._load(request, device)
+            return await self._load(request, device, received + request.timeout, gone)
         except LoadFailed as failure:
             if request.op == "load":
                 log.error("load onto %s refused or failed at %s: %s", request.device,
@@ -105,27 +137,86 @@ class LoaderService:
             return protocol.ok(function=None)
         return protocol.ok(function=await loader.loaded(device))
 
-    async def _load(self, request: Request, device: Device) -> bytes:
+    async def _load(self, request: Request, device: Device, deadline: float,
+                    gone: Callable[[], bool]) -> bytes:
         loader = self.loaders.get(device.backend)
         why = self._unavailable(device)
         if loader is None or why is not None:
             raise LoadFailed(DEVICE_STEP, f"{device.id}: {why}", touched=False)
         if request.image is not None:
+            if self.require_digest and request.sha256 is None:
+                raise LoadFailed(DIGEST_STEP, f"{device.id}: image {request.image!r} is not "
+                                              "pinned by sha256, and this loader loads only "
+                                              "pinned images (--require-image-digest); "
+                                              "nothing was loaded", touched=False)
             try:
                 self.library.resolve(request.image)
             except ValueError as exc:
                 raise LoadFailed(CHECK_STEP, f"{device.id}: {exc}", touched=False) from None
+        card = device.attribute("fme_node") or device.attribute("pci_address") or device.id
+        lock = self._locks.setdefault(card, asyncio.Lock())
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        taken = await _take(lock, deadline, gone)
+        waited, left = loop.time() - started, deadline - loop.time()
+        refusal = None
+        if gone():  # logged as every refusal is, by answer()
+            refusal = (f"{device.id}: the client hung up while the load waited {waited:.1f} s "
+                       f"for card {card}; nothing was loaded")
+        elif left < min(START_BUDGET, request.timeout / 2):
+            refusal = (f"{device.id}: waited {waited:.1f} s for card {card} (another load "
+                       f"onto it under way), and {max(left, 0):.1f} s of the load's "
+                       f"{request.timeout:g} s timeout are left; nothing was loaded")
+        if refusal is not None:
+            if taken:
+                lock.release()
+            raise LoadFailed(CARD_STEP, refusal, touched=False)
         job = LoadJob(device, request.function_id or "",
                       self.library if request.image is not None else None, request.image,
-                      timeout=request.timeout, sha256=request.sha256)
-        card = device.attribute("fme_node") or device.attribute("pci_address") or device.id
-        async with self._locks.setdefault(card, asyncio.Lock()):
-            log.info("loading %s (%s) onto %s with %s", request.function_id,
-                     request.image or "by ID", device.id, loader.name)
-            # Shielded: a load is never cut off half-way, even if this server is stopping.
-            await asyncio.shield(loader.load(job))
+                      timeout=left, sha256=request.sha256)
+        log.info("loading %s (%s) onto %s with %s%s", request.function_id,
+                 request.image or "by ID", device.id, loader.name,
+                 f" after waiting {waited:.1f} s for card {card}" if waited >= 0.05 else "")
+        # The card is released when the load ends, and the load is never cut off half-way
+        # (shielded), even if this server is stopping.
+        load = asyncio.ensure_future(loader.load(job))
+        load.add_done_callback(lambda _: lock.release())
+        await asyncio.shield(load)
         log.info("loaded %s onto %s", request.function_id, device.id)
         return protocol.ok(loader=loader.name)
+
+
+async def _take(lock: asyncio.Lock, deadline: float, gone: Callable[[], bool]) -> bool:
+    """True once ``lock`` (a card) is held; False, not holding it, when the wait ended first:
+    at ``deadline`` or once the client is ``gone``."""
+    loop = asyncio.get_running_loop()
+    taking = asyncio.ensure_future(lock.acquire())
+    try:
+        while not taking.done() and loop.time() < deadline and not gone():
+            await asyncio.wait({taking}, timeout=min(HANGUP_POLL, deadline - loop.time()))
+    except BaseException:
+        if taking.done() and not taking.cancelled():
+            lock.release()
+        else:
+            taking.cancel()
+        raise
+    if taking.done():
+        return True
+    taking.cancel()  # Lock.acquire, cancelled, leaves the lock to the next waiter
+    return False
+
+
+def hung_up(sock: socket.socket) -> bool:
+    """Whether the peer closed its end of ``sock`` entirely: ``POLLHUP`` (or an error) on a
+    unix stream socket. Its half-close after sending the request shows only as the end of
+    input, which is not a hang-up."""
+    poller = select.poll()
+    try:
+        poller.register(sock.fileno(), 0)  # no events asked: HUP, ERR and NVAL still come
+    except (OSError, ValueError):
+        return True
+    return any(mask & (select.POLLHUP | select.POLLERR | select.POLLNVAL)
+               for _fd, mask in poller.poll(0))
 
 
 def peer_uid(sock: socket.socket) -> int:
@@ -212,7 +303,7 @@ class _Connections:
             await _send(writer, protocol.refused(REQUEST_STEP, f"no whole request within "
                                                                f"{READ_TIMEOUT:g} s"))
             return
-        await _send(writer, await self.service.answer(data))
+        await _send(writer, await self.service.answer(data, lambda: hung_up(sock)))
 
     async def finish(self) -> None:
         """Wait for the connections under way (a load is never cut off)."""

@@ -25,7 +25,6 @@ from api_versions.watcher import GENERATION, RegistrationOutcome
 from plugin.serving.routing import FileIdentity
 
 MODES = ("auto", "kubelet-socket", "plugin-watcher")
-DEFAULT_REGISTRY = Path("/var/lib/kubelet/plugins_registry")
 
 
 class Channel(Enum):

@@ -4,7 +4,8 @@ restartPolicy Always) that starts, and whose socket exists, before the driver st
 only privileged container of the pod: no token (the pod's automount is off; the driver's
 token is a volume mounted into the driver only) and no network (it leaves the pod's network
 namespace at start). It reads the same config.yaml as the driver, so it discovers with the
-same backend and loads with the same loader settings. docs/deploying.md has the table of
+same backend and loads with the same loader settings, require-image-digest included
+(programming.requireImageDigest: the loader then refuses an unpinned image itself). docs/deploying.md has the table of
 what each container can do.
 */ -}}
 {{- define "adp.loaderContainer" -}}
