@@ -86,9 +86,9 @@ IMAGE_LIBRARY = "/var/lib/accelerator-images"
 PROGRAMMING_FLAGS = ("programming", "image-library", "image-max-bytes", "require-image-digest",
                      "intel-loader",
                      "fpgaconf", "xbutil", "fpga-load-local-image", "fpga-describe-local-image",
-                     "program-timeout")
-"""serve's flags for FPGA programming, as the chart's config.yaml keys and the programming
-component's variables name them."""
+                     "program-timeout", "stop-timeout")
+"""serve's flags for FPGA programming (and the stop timeout programming sets), as the chart's
+config.yaml keys and the programming component's variables name them."""
 
 
 def parts(name: str) -> set[str]:

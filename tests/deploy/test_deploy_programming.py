@@ -57,8 +57,10 @@ DEFAULTS = {
     "fpga-load-local-image": "/usr/bin/fpga-load-local-image",
     "fpga-describe-local-image": "/usr/bin/fpga-describe-local-image",
     "program-timeout": 120,
+    "stop-timeout": 130,
 }
-"""serve's programming settings with programming on and every other flag at its default."""
+"""serve's programming settings with programming on and every other flag at its default (the
+stop timeout follows the program timeout: test_deploy_grace.py)."""
 FUNCTION_IDS = {"afuID", "xclbinUUID", "agfiID"}
 HEX32 = re.compile(r"^[0-9a-f]{32}$")
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -213,6 +215,7 @@ def test_component_adds_the_settings_the_library_the_loader_and_nothing_else(pro
     template["volumes"] = before["volumes"]
     del template["initContainers"]
     template["automountServiceAccountToken"] = True
+    del template["terminationGracePeriodSeconds"]  # test_deploy_grace.py
     assert stripped == daemonset(dra)
 
 
@@ -372,7 +375,7 @@ def test_values_flow_into_config_yaml_and_mounts():
     assert {k: file[k] for k in PROGRAMMING_FLAGS} == {
         **DEFAULTS, "image-library": "/srv/fpga-images", "image-max-bytes": 1073741824,
         "intel-loader": "fpgaconf", "fpgaconf": "/opt/opae/bin/fpgaconf",
-        "program-timeout": 300}
+        "program-timeout": 300, "stop-timeout": 310}
     spec = ds["spec"]["template"]["spec"]
     volumes = {v["name"]: v for v in spec["volumes"]}
     # The tools are the loader's: the driver runs none.

@@ -55,7 +55,8 @@ adp.pools: every DaemonSet to render, as JSON {"pools": [...], "anyDra", "anyApi
 "anyEvents"}. Each pool carries its name, its DaemonSet and ConfigMap names, its effective
 nodeSelector (global, then its own on top), its own labels (where it differs from the global
 selector), the affinity that keeps it off every other pool's nodes, its tolerations and
-resources, and its config (global, then its own on top) as the plugin will read it.
+resources, its config (global, then its own on top) as the plugin will read it, and its
+pods' grace period (adp.stopping, which also fills in the stop-timeout with programming).
 
 Pools never share a node. A pool's identity is its nodeSelector (affinity can only narrow
 it), and:
@@ -128,6 +129,10 @@ it), and:
     {{- $_ := set $cfg "fpga-describe-local-image" $programming.fpgaDescribeLocalImage -}}
     {{- $_ := set $cfg "program-timeout" $programming.timeoutSeconds -}}
   {{- end -}}
+  {{- $stopping := include "adp.stopping" (dict "root" $ "cfg" $cfg "own" $own "index" $index "programming" ($programming.enabled | default false) "timeout" $programming.timeoutSeconds) | fromJson -}}
+  {{- if hasKey $stopping "stop" -}}
+    {{- $_ := set $cfg "stop-timeout" $stopping.stop -}}
+  {{- end -}}
   {{- $eventsMode := get $cfg "events" | default "auto" -}}
   {{- $events := or (eq $eventsMode "on") (and (eq $eventsMode "auto") $dra) -}}
   {{- $needsApi := or $dra $events -}}
@@ -148,7 +153,7 @@ it), and:
   {{- $affinity := deepCopy (ternary $p.affinity $.Values.affinity (hasKey $p "affinity")) | default dict -}}
   {{- $tolerations := ternary $p.tolerations $.Values.tolerations (hasKey $p "tolerations") -}}
   {{- $resources := ternary $p.resources $.Values.resources (hasKey $p "resources") -}}
-  {{- $pools = append $pools (dict "index" $index "name" $p.name "dsName" $dsName "configName" (printf "%s-config" $dsName) "selector" $sel "own" $ownLabels "isDefault" (empty $ownLabels) "affinity" $affinity "tolerations" $tolerations "resources" $resources "config" $cfg "api" $api "dra" $dra "events" $events "needsApi" $needsApi) -}}
+  {{- $pools = append $pools (dict "index" $index "name" $p.name "dsName" $dsName "configName" (printf "%s-config" $dsName) "selector" $sel "own" $ownLabels "isDefault" (empty $ownLabels) "affinity" $affinity "tolerations" $tolerations "resources" $resources "config" $cfg "api" $api "dra" $dra "events" $events "needsApi" $needsApi "grace" (get $stopping "grace")) -}}
 {{- end -}}
 {{- /* At most one pool without a selector of its own. */ -}}
 {{- $defaults := list -}}
