@@ -32,11 +32,31 @@ def share(uid: str, contexts: int) -> ClaimAllocation:
                                            consumed_contexts=contexts),))
 
 
+class NoClears:
+    """The programmer's clears, where no claim names one: nothing pending, nothing resumed."""
+
+    def __init__(self) -> None:
+        self.resumed: dict[str, str] = {}
+
+    def record(self, clears):
+        assert not clears
+
+    def forget(self, clears):
+        list(clears)
+
+    def start(self, clears, holders):
+        assert not list(clears)
+
+    def resume(self, held, holders):
+        pass
+
+
 class Clearing:
     """A programmer whose device is being cleared until :attr:`cleared` is set: every claim
     on it waits in ``settled``, as on a real node while a clear or another load runs."""
 
     def __init__(self) -> None:
+        self.clears = NoClears()
         self.cleared = asyncio.Event()
         self.cleared.set()
         self.settling = 0
