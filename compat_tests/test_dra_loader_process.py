@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -206,8 +207,10 @@ async def test_a_hung_loader_is_a_bounded_error_and_the_device_quarantined(
             error = ""
             while "unknown" not in error and time.monotonic() - started < 30:
                 error = (await world.prepare(ref)).error
-            # --program-timeout 3 plus the client's 5 s grace: bounded, and says why.
-            assert "gave no answer within 8 s" in error, error
+            # --program-timeout 3 plus the client's 5 s grace (what is left of it): bounded,
+            # and says so.
+            given = re.search(r"gave no answer within ([0-9.]+) s", error)
+            assert given is not None and 0 < float(given[1]) <= 3 + 5, error
             assert "failed at loader answer" in error and "is unknown" in error
             assert loads and loads[0]["device"] == DFL_BDF and loads[0]["image"] == IMAGE
             await until(lambda: world.published()[DFL_PORT]["taints"],

@@ -28,7 +28,7 @@ from value_types.devices import Device, DeviceSet
 PATIENCE = 10.0
 EXIT_PATIENCE = 60.0
 """How long a process whose scan hangs gets to exit: generous, since a process that cannot
-exit never does; how fast it stops is bench/'s."""
+exit never does; how fast serve stops with a read hanging is bench/stopping.py's."""
 JOB_BEFORE_HANG = 0.05
 """A stall is timed from the start of the job that hangs, which may be handed to the worker
 just before the test closes the gate: the test's clock starts a little late."""
