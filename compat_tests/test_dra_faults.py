@@ -170,7 +170,7 @@ async def test_a_watch_on_a_dead_connection_is_given_up_and_made_anew(bench, mon
     plugin = await bench.up()
     for watcher in list(bench.api.store.watchers):
         bench.api.store.unwatch(watcher)  # the streams stay open and say nothing more
-    await bench.wipe_is_undone(plugin, within=2.0 + 1.0)
+    await bench.wipe_is_undone(plugin)  # only a watch made anew can see the wipe
 
 
 async def test_conflicts_on_slice_updates_back_off_and_converge(bench):
@@ -197,8 +197,12 @@ async def test_a_few_conflicts_are_retried_at_once(bench):
     port, name = port_device(bench, "86")
     bench.api.conflict_next(1)
     bench.fake.set_afu_id(port, CRASHED_AFU_ID)
-    took = await bench.until_alive(plugin, lambda: bench.tainted(name), "crash published")
-    assert took < 1.0
+    await bench.until_alive(plugin, lambda: bench.tainted(name), "crash published")
+    updates = [r.status for r in bench.slice_writes() if r.verb == "update"]
+    assert updates.count(409) == 1 and updates[-1] == 200, updates
+    # At once: the back-off is the branch that says the slices "keep changing".
+    said = [m for m in messages(plugin) if "keep changing" in m or "409" in m]
+    assert not said, said
 
 
 async def test_an_expired_watch_lists_again_and_keeps_following(bench):
@@ -344,11 +348,9 @@ async def test_a_server_slower_than_the_client_timeout(bench):
     bench.api.faults.delay = CLIENT_TIMEOUT + 2.0  # every call outlasts the driver's timeout
     bench.fake.set_afu_id(port, CRASHED_AFU_ID)
     outcome = await bench.dra.prepare([claim])
-    took = time.time() - start
     result = outcome.result(claim.uid)
-    assert result.answered and not result.ok
+    assert result.answered and not result.ok, "the read outlasting the timeout is an error"
     assert "API server" in result.error, result.error
-    assert took < CLIENT_TIMEOUT + 5.0, f"prepare answered after {took:.1f} s"
     asked = bench.requests(start)
     assert len(asked) <= 8, [(r.verb, r.resource) for r in asked]
     bench.api.faults.delay = 0.0
@@ -382,9 +384,8 @@ async def test_an_upgrade_from_1_33_to_1_36_moves_slices_and_claims_to_v1(bench)
     reads = [r.version for r in bench.requests(start, "resourceclaims")
              if r.status == 200 and r.verb == "get"]
     assert reads == ["v1"], reads
-    took = await bench.until_alive(plugin, lambda: writes_through(bench, "v1", start),
-                                   "slices written through v1")
-    assert took < 5.0
+    await bench.until_alive(plugin, lambda: writes_through(bench, "v1", start),
+                            "slices written through v1")
     # 1.36 keeps taints: the crashed port is back, tainted, with the others.
     await bench.until_alive(plugin, lambda: bench.tainted(crashed),
                             "crashed port published tainted after the upgrade")
@@ -406,9 +407,8 @@ async def test_a_downgrade_from_1_36_to_1_33_moves_slices_and_claims_to_v1beta1(
     reads = [r.version for r in bench.requests(start, "resourceclaims")
              if r.status == 200 and r.verb == "get"]
     assert reads == ["v1beta1"], reads
-    took = await bench.until_alive(plugin, lambda: writes_through(bench, "v1beta1", start),
-                                   "slices written through v1beta1")
-    assert took < 5.0
+    await bench.until_alive(plugin, lambda: writes_through(bench, "v1beta1", start),
+                            "slices written through v1beta1")
     # Never published untainted: tainted (a slice using taints keeps them on a server with
     # the gate off: ratcheting), or left out where the server drops them.
     await asyncio.sleep(1.0)

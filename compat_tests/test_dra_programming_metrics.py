@@ -65,7 +65,7 @@ async def test_a_load_a_fast_path_claim_and_a_refusal_are_counted_apart(world: W
     timing = f"dra_programming_seconds_count__{INTEL},loader=fpgaconf"
     assert scraped.get(key(timing)) == 1, scraped
     took = scraped[key(f"dra_programming_seconds_sum__{INTEL},loader=fpgaconf")]
-    assert 0 < took < 20, took  # within --program-timeout
+    assert took > 0, took  # a load past --program-timeout is killed, never "loaded"
     assert scraped.get(key(f"dra_programming_seconds_bucket__{INTEL},loader=fpgaconf,"
                            "le=+Inf")) == 1, scraped
 

@@ -159,7 +159,8 @@ async def test_a_wake_with_nothing_to_change_asks_the_server_nothing(server, con
         await until(lambda: device_names(server) == ["unit-0", "unit-1"], "a change published")
 
 
-async def test_slices_wiped_at_kubelet_start_are_back_within_a_second(server, connect):
+async def test_slices_wiped_at_kubelet_start_are_put_back(server, connect):
+    """How soon is bench/dra.py's ("kubelet start wipe -> all back")."""
     devices = Devices("unit-0", "unit-1")
     async with publishing(connect(), devices):
         await until(lambda: len(device_names(server)) == 2, "published")
@@ -168,8 +169,7 @@ async def test_slices_wiped_at_kubelet_start_are_back_within_a_second(server, co
                                          fieldSelector=f"spec.nodeName={NODE}")
             assert reply.status == 200
         assert device_names(server) == []
-        back = await until(lambda: len(device_names(server)) == 2, "republished")
-    assert back < 1.0
+        await until(lambda: len(device_names(server)) == 2, "republished")
 
 
 async def test_a_foreign_slice_of_our_pool_is_removed(server, connect):

@@ -43,10 +43,13 @@ def threads_and_fds(pid: int) -> tuple[int, int]:
     return threads, len(os.listdir(f"/proc/{pid}/fd"))
 
 
-async def stops_promptly(daemon: PluginProcess, limit: float = 2.0) -> None:
-    started = time.monotonic()
+async def stops_promptly(daemon: PluginProcess) -> None:
+    """SIGTERM ends it with exit 0 and its last word, even with a read hanging: it never
+    waits on the hung call (it would wait for ever: ``terminate`` fails after SETTLE s,
+    a guard, not a target). How fast it stops is bench/stopping.py's."""
     assert await daemon.terminate(timeout=SETTLE) == 0
-    assert time.monotonic() - started < limit, "SIGTERM took too long"
+    assert any("stopped; sockets removed" in m for m in messages(daemon, "info")), \
+        daemon.text()[-3000:]
 
 
 @pytest.mark.parametrize("model", ["1.9", "1.26"])

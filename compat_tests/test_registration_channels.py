@@ -7,7 +7,6 @@ reconciles every second) so the watcher cases stay quick.
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import pytest
@@ -54,16 +53,14 @@ async def test_plugin_watcher_registers_without_kubelet_sock(kubelet, plugin, so
 
 async def test_a_restarted_kubelet_finds_the_watcher_socket_with_no_plugin_action(
         kubelet, plugin, sockdir):
+    """How soon is bench/registration.py's ("kubelet restart to devices held")."""
     first = await watching_kubelet(kubelet, sockdir, "1.32")
     daemon = plugin(nb_units=2, extra=watcher_flags(sockdir, "plugin-watcher"))
     await first.wait_for_devices(RESOURCE, timeout=SETTLE)
     await first.stop()
-    began = time.perf_counter()
     second = await watching_kubelet(kubelet, sockdir, "1.32")
     await second.wait_for_devices(RESOURCE, timeout=SETTLE)
-    took = time.perf_counter() - began
     assert channels(second) == ["plugin-watcher"] and second.register_calls == 0
-    assert took < 2.0, f"found again after {took:.2f} s"
     assert "serving and negotiating again" not in daemon.text(), "the plugin did nothing"
     assert daemon.alive
 

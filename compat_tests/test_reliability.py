@@ -3,9 +3,10 @@ real ``serve`` process over real unix sockets.
 
 Every case is something that happens on real nodes: kubelets killed at odd moments and
 restarted with or without wiping the directory, a second plugin instance during a rolling
-update, unwritable directories, signal storms, long runs of Allocate. The bounds asserted
-(a kubelet met within a second, no growth in descriptors or threads) are the product's
-promises; measured figures are in ``bench/`` and docs/performance.md.
+update, unwritable directories, signal storms, long runs of Allocate. What is asserted is
+what happens (a kubelet met, one handover, no growth in descriptors or threads); how soon is
+measured in ``bench/`` (core, failover, registration) and docs/performance.md, never here:
+a wall-clock bound fails on a busy machine without a fault.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ from compat_tests.kubelet import PluginCallError
 from compat_tests.plugin_process import PluginProcess
 from compat_tests.test_matrix import ALL_UNITS, RESOURCE, SETTLE, assert_serves_units, unit_ids
 
-RESTART_BOUND = 1.0
-"""A kubelet (re)started under a running plugin must hold its devices within this."""
+NO_SAFETY_NET = ("--kubelet-check-interval", "3600")
+"""The periodic check for a restarted kubelet, out of a test's life: a kubelet met then was
+met by the event that says it came, not by the check."""
 
 
 def resources_of(process: PluginProcess) -> tuple[int, int]:
@@ -49,14 +51,11 @@ def messages(process: PluginProcess) -> list[str]:
     return [e.get("message", e.get("raw", "")) for e in process.entries()]
 
 
-async def time_until_served(kubelet, units=ALL_UNITS, timeout=SETTLE) -> float:
-    """Seconds from now until the kubelet holds ``units``, all healthy."""
-    loop = asyncio.get_running_loop()
-    started = loop.time()
+async def until_served(kubelet, units=ALL_UNITS, timeout=SETTLE) -> None:
+    """Until the kubelet holds ``units``, all healthy (a guard of ``timeout`` s)."""
     await kubelet.wait_for_devices(
         RESOURCE, lambda d: unit_ids(d) == units and all(x.healthy for x in d.values()),
         timeout=timeout)
-    return loop.time() - started
 
 # -- kubelet restarts ---------------------------------------------------------------------
 
@@ -64,6 +63,7 @@ async def time_until_served(kubelet, units=ALL_UNITS, timeout=SETTLE) -> float:
 @pytest.mark.parametrize("downtime", [0.5, 5.0, 15.0])
 async def test_kubelet_killed_and_replaced_without_wipe_is_met_at_once(
         kubelet, plugin, downtime):
+    """How soon is bench/failover.py's ("crashed kubelet replaced, directory not wiped")."""
     # SIGKILL leaves kubelet.sock behind; the plugin's rounds against it fail and back off.
     # The next kubelet does not delete the plugin's socket, so only its new kubelet.sock
     # tells the plugin: that must be enough, whatever the retry loop is doing then.
@@ -72,20 +72,17 @@ async def test_kubelet_killed_and_replaced_without_wipe_is_met_at_once(
     await assert_serves_units(node)
     await node.crash()
     await asyncio.sleep(downtime)
-    loop = asyncio.get_running_loop()
-    started = loop.time()
     replacement = await kubelet("1.26", wipe_at_start=False)
     await replacement.wait_for_devices(RESOURCE, timeout=SETTLE)
-    assert loop.time() - started < RESTART_BOUND
     assert daemon.alive
 
 
 async def test_200_kubelet_restarts_across_generations(kubelet, plugin):
+    """How soon each is met is bench/core.py's ("re-registration after kubelet restart")."""
     models = ("1.8", "1.9", "1.10", "1.26")
     node = await kubelet("1.26")
     daemon = plugin(fast_retries=False)
     await assert_serves_units(node)
-    slowest = 0.0
     baseline: tuple[int, int] | None = None
     for round_number in range(200):
         crash = round_number % 2 == 1
@@ -95,9 +92,7 @@ async def test_200_kubelet_restarts_across_generations(kubelet, plugin):
             await node.stop()
         model = models[round_number % len(models)]
         node = await kubelet(model, wipe_at_start=round_number % 3 != 0)
-        took = await time_until_served(node)
-        slowest = max(slowest, took)
-        assert took < RESTART_BOUND, f"restart {round_number} ({model}) met after {took:.2f}s"
+        await until_served(node)
         if round_number == 20:
             baseline = resources_of(daemon)
     assert daemon.alive
@@ -105,7 +100,6 @@ async def test_200_kubelet_restarts_across_generations(kubelet, plugin):
     fds, threads = resources_of(daemon)
     assert fds <= baseline[0] + 2, f"descriptors grew from {baseline[0]} to {fds}"
     assert threads <= baseline[1] + 2, f"threads grew from {baseline[1]} to {threads}"
-    print(f"slowest of 200 restarts: {slowest * 1000:.0f} ms")
 
 
 async def test_20000_allocates_leave_memory_and_descriptors_flat(kubelet, plugin):
@@ -140,20 +134,17 @@ async def holder_and_newcomer(kubelet, plugin):
 
 
 async def test_rolling_update_with_surge_hands_over_once(kubelet, plugin):
-    """maxSurge 1: the new pod starts while the old one serves; the old one then stops."""
+    """maxSurge 1: the new pod starts while the old one serves; the old one then stops.
+    How soon capacity is back is bench/failover.py's."""
     node, old, new = await holder_and_newcomer(kubelet, plugin)
     assert f"process {old.pid}" in "".join(messages(new))
     await asyncio.sleep(3.0)  # no fight: the old one keeps its socket and its registration
     assert len(node.registrations) == 1
     assert old.socket_path.exists() and node.is_connected(RESOURCE)
 
-    loop = asyncio.get_running_loop()
-    stopped = loop.time()
     assert await old.terminate() == 0
     await node.wait_for_registrations(2, timeout=SETTLE)
     await node.wait_for_devices(RESOURCE, timeout=SETTLE)
-    handover = loop.time() - stopped
-    assert handover < RESTART_BOUND, f"capacity back after {handover:.2f}s"
     await asyncio.sleep(2.0)
     assert len(node.registrations) == 2, "exactly one handover, no flapping"
     assert (await node.allocate(RESOURCE, ["2"])).envs["ACCELERATOR_UNITS"] == "2"
@@ -161,13 +152,11 @@ async def test_rolling_update_with_surge_hands_over_once(kubelet, plugin):
 
 
 async def test_newcomer_takes_over_from_a_killed_instance(kubelet, plugin):
+    """How soon is bench/failover.py's ("handover to a waiting instance, old one killed")."""
     node, old, new = await holder_and_newcomer(kubelet, plugin)
-    loop = asyncio.get_running_loop()
-    killed = loop.time()
     old.kill()  # SIGKILL: its socket file stays, nobody answers on it
     await node.wait_for_registrations(2, timeout=SETTLE)
     await node.wait_for_devices(RESOURCE, timeout=SETTLE)
-    assert loop.time() - killed < RESTART_BOUND
     assert any("replacing stale" in m for m in messages(new))
 
 
@@ -190,7 +179,7 @@ async def test_directory_watcher_rearms_once_the_directory_can_be_watched(
     blocker = sockdir / "kubelet"
     blocker.write_text("not a directory yet\n")  # mkdir and inotify both fail below it
     directory = blocker / "dp"
-    daemon = PluginProcess(directory, logdir, fast_retries=False).start()
+    daemon = PluginProcess(directory, logdir, fast_retries=False, extra=NO_SAFETY_NET).start()
     try:
         await daemon.wait_for_log(
             lambda e: e.get("level") == "error" and "watcher" in e.get("message", ""),
@@ -202,10 +191,10 @@ async def test_directory_watcher_rearms_once_the_directory_can_be_watched(
         node = KubeletEmulator(directory, "1.26")
         await node.start()
         try:
-            await time_until_served(node)
+            await until_served(node)
             await node.stop()
-            await node.start()  # safety net is 5 s: only a re-armed watcher is this fast
-            assert await time_until_served(node) < RESTART_BOUND
+            await node.start()  # no safety net: only a re-armed watcher meets it at all
+            await until_served(node)
         finally:
             await node.stop()
         assert daemon.alive

@@ -16,7 +16,6 @@ import json
 import os
 import socket
 import stat
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -224,10 +223,8 @@ async def test_oversized_and_malformed_requests_never_end_the_server(served):
 
 async def test_a_peer_that_sends_nothing_is_dropped_in_bounded_time(served, monkeypatch):
     monkeypatch.setattr(server, "READ_TIMEOUT", 0.3)
-    started = time.monotonic()
     answer = await asyncio.to_thread(raw_exchange, served, b'{"v": 1,', close_write=False)
-    assert time.monotonic() - started < 5
-    assert answer["ok"] is False and "no whole request" in str(answer["detail"])
+    assert answer["ok"] is False and "no whole request within 0.3 s" in str(answer["detail"])
 
 
 async def test_a_peer_with_another_uid_is_refused_unread(tmp_path, service, port_pr, node,
@@ -315,11 +312,10 @@ async def test_a_hung_loader_is_a_bounded_failure_with_the_card_state_unknown(
         await asyncio.sleep(3600)
 
     hung = await asyncio.start_unix_server(never_answer, path=str(path))
-    started = time.monotonic()
     with pytest.raises(LoadFailed) as caught:
         await RemoteLoader(LoaderClient(path), "intel").load(job(node, library, timeout=0.5))
-    assert time.monotonic() - started < 3
     assert caught.value.touched and "unknown" in caught.value.detail
+    assert "gave no answer within 0.7 s" in caught.value.detail, "the load's 0.5 s + the grace"
     hung.close()
 
 

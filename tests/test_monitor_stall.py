@@ -26,6 +26,9 @@ from plugin.discovery.monitor import DeviceMonitor
 from value_types.devices import Device, DeviceSet
 
 PATIENCE = 10.0
+EXIT_PATIENCE = 60.0
+"""How long a process whose scan hangs gets to exit: generous, since a process that cannot
+exit never does; how fast serve stops with a read hanging is bench/stopping.py's."""
 JOB_BEFORE_HANG = 0.05
 """A stall is timed from the start of the job that hangs, which may be handed to the worker
 just before the test closes the gate: the test's clock starts a little late."""
@@ -42,9 +45,12 @@ class GatedBackend(Deviceless):
         self.gate.set()
         self.scans = 0
         self.hanging = 0
+        self.threads: set[int] = set()
+        """The threads scans ran on: the event loop's must not be one, or a hang blocks it."""
 
     def scan(self) -> list[Device]:
         self.scans += 1
+        self.threads.add(threading.get_ident())
         if not self.gate.is_set():
             self.hanging += 1
             self.gate.wait()
@@ -97,9 +103,8 @@ async def test_a_stuck_scan_is_named_then_reported_unhealthy_then_recovered(
 
         # While it hangs: the loop answers, and nothing piles up behind the stuck call.
         threads, scans = threading.active_count(), backend.scans
-        tick = time.monotonic()
         await asyncio.sleep(0.5)  # ten rescan and health intervals
-        assert time.monotonic() - tick < 0.4 + 0.5, "the event loop was blocked"
+        assert threading.get_ident() not in backend.threads, "a scan ran on the event loop"
         assert (threading.active_count(), backend.scans, backend.hanging) == (threads, scans, 1)
         assert snapshots.empty(), "the stalled state is published once"
 
@@ -199,15 +204,13 @@ HANG_THEN_EXIT = textwrap.dedent("""
 
 
 def test_the_process_exits_while_a_scan_hangs() -> None:
-    started = time.monotonic()
     try:
         done = subprocess.run([sys.executable, "-c", HANG_THEN_EXIT], capture_output=True,
-                              text=True, timeout=PATIENCE)
+                              text=True, timeout=EXIT_PATIENCE)
     except subprocess.TimeoutExpired as exc:
         raise AssertionError(f"did not exit while a scan hangs: {exc.stdout!r}") from None
     assert done.returncode == 0, done.stderr
     assert "stopping" in done.stdout
-    assert time.monotonic() - started < PATIENCE
 
 
 async def test_a_stuck_health_re_read_with_no_scan_behind_it_is_caught_by_the_watchdog(
