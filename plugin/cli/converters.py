@@ -118,6 +118,26 @@ def dns_subdomain(text: str) -> str:
     return text
 
 
+def config_map(text: str) -> tuple[str, str]:
+    """``--function-grants``: ``<namespace>/<name>`` of a ConfigMap."""
+    namespace, _, name = text.partition("/")
+    for part in (namespace, name):
+        problem = dns_subdomain_problem(part) if part else "it must be <namespace>/<name>"
+        if problem:
+            raise argparse.ArgumentTypeError(f"{text!r}: {problem}")
+    return namespace, name
+
+
+def class_names(text: str) -> tuple[str, ...]:
+    """``--function-grants-classes``: DeviceClass names, comma-separated."""
+    names = tuple(sorted({n.strip() for n in text.split(",") if n.strip()}))
+    for name in names:
+        problem = dns_subdomain_problem(name)
+        if problem:
+            raise argparse.ArgumentTypeError(f"DeviceClass {name!r}: {problem}")
+    return names
+
+
 def driver_name(text: str) -> str:
     text = dns_subdomain(text)
     if len(text) > 63:

@@ -13,6 +13,7 @@ from api_versions.retry import RetryPolicy
 from plugin.cli.sources import Origin
 from plugin.model.programming import DEFAULT_MAX_IMAGE_BYTES
 from plugin.model.replicas import Replicas
+from plugin.programming.guarded import GrantsSource
 from plugin.serving.cdi import DEFAULT_SPEC_DIR
 from plugin.serving.deviceplugin.channels import DEFAULT_REGISTRY
 from plugin.serving.dra.share_setting import FamilyShare
@@ -76,6 +77,11 @@ class Settings:
     """None: ``/var/lib/kubelet/plugins/<driver name>``."""
     dra_share: tuple[FamilyShare, ...] = ()
     """``--dra-share``: per family, how many contexts a device is published shared with."""
+    function_grants: tuple[str, str] | None = None
+    """``--function-grants``: the function catalogue ConfigMap (namespace, name); None: no
+    function is guarded by the driver."""
+    function_grants_classes: tuple[str, ...] = ()
+    """The catalogue's classes as rendered, guarded while the ConfigMap is missing."""
     pod_resources_socket: Path = DEFAULT_POD_RESOURCES_SOCKET
     """The kubelet's PodResources socket: which devices running containers hold through
     the device plugin (and, 1.34+, through DRA claims), so a move never hands them out."""
@@ -121,3 +127,10 @@ def events_enabled(settings: Settings) -> bool:
     if settings.events == "auto":
         return settings.api != "device-plugin"
     return settings.events == "on"
+
+
+def grants_source(settings: Settings) -> GrantsSource | None:
+    """What ``--function-grants`` and ``--function-grants-classes`` name (None: off)."""
+    if settings.function_grants is None:
+        return None
+    return GrantsSource(*settings.function_grants, settings.function_grants_classes)
