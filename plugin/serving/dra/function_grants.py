@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 
 FRESH_FOR = 2.0
 """Seconds a read catalogue or Namespace is used before it is read again."""
-REFRESH_INTERVAL = 30.0
+REFRESH_INTERVAL = 60.0
 """Seconds between the catalogue reads that keep the published attribute current."""
 NOT_READ = "the function catalogue has not been read yet"
 
