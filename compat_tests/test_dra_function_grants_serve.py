@@ -43,8 +43,10 @@ CARD_BDF = "0000:af:00.1"
 APP = "app.accelerator.b-com.com"
 GRANTED, NOT_GRANTED = "team-a", "team-b"
 CATALOGUE = ("kube-system", "function-grants")
+CATALOGUE_LABELS = {"app.kubernetes.io/name": "accelerator-device-plugin",
+                    "app.kubernetes.io/component": "function-admission"}
 GRANT = f"functions.accelerator.b-com.com/{APP}"
-FLAGS = ("--function-grants", "/".join(CATALOGUE), "--function-grants-classes", APP,
+FLAGS = ("--function-grants", CATALOGUE[0], "--guarded-classes", APP,
          "--rescan-interval", "0.2")
 LABEL_HINT = f"`kubectl label namespace {NOT_GRANTED} {GRANT}=true`"
 
@@ -88,7 +90,8 @@ def cluster(plain: str) -> Any:
             api.create_namespace(namespace)
         api.core.label_namespace(GRANTED, GRANT, "true")
         api.core.label_namespace(NOT_GRANTED, GRANT, "yes")  # not "true": no grant
-        api.core.put_config_map(*CATALOGUE, {APP: ""})
+        api.core.put_config_map(*CATALOGUE, {APP: ""}, CATALOGUE_LABELS)
+        api.core.put_config_map("kube-system", "unrelated", {"other.b-com.com": ""})
         api.create(app_class())
         load_xclbin(node, CARD_BDF, XCLBIN_UUID)
 
@@ -243,7 +246,7 @@ async def test_a_grant_withdrawn_after_allocation_refuses_the_claim_at_prepare(
 
 @pytest.mark.parametrize(("denied", "said"), [
     ("configmaps", "every class naming a function is taken as guarded while the catalogue "
-                   "ConfigMap kube-system/function-grants cannot be read"),
+                   "ConfigMaps of kube-system cannot be read"),
     ("deviceclasses", "which functions are guarded cannot be told (the DeviceClasses cannot "
                       "be read"),
     ("namespaces", f"whether namespace {NOT_GRANTED} is granted it cannot be told"),
@@ -252,7 +255,7 @@ async def test_what_cannot_be_read_fails_closed_for_a_device_holding_a_function(
         whole: World, denied: str, said: str) -> None:
     world = whole
     tenant = on_card(world, NOT_GRANTED, "plain")
-    world.api.faults.deny("list" if denied == "deviceclasses" else "get", denied)
+    world.api.faults.deny("get" if denied == "namespaces" else "list", denied)
     for _ in range(100):  # what was read is used for up to two seconds
         error = await error_of(world, tenant)
         if said in error:

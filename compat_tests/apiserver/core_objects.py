@@ -3,7 +3,8 @@
 A node-local FPGA driver that guards functions by namespace reads the claim's Namespace (its
 grant labels, ``functions.accelerator.b-com.com/<class>=true``) and the function catalogue, a
 ConfigMap beside the DaemonSet. The emulator serves ``GET /api/v1/namespaces/<name>`` and
-``GET /api/v1/namespaces/<ns>/configmaps/<name>``; tests write them in-process (what ``kubectl
+``GET /api/v1/namespaces/<ns>/configmaps[/<name>]`` (a list by equality label selector);
+tests write them in-process (what ``kubectl
 label namespace`` and ``kubectl apply`` would), each write checked against the 1.36 strict
 schema of its kind that the ``kubernetes-validate`` test dependency ships, and the labels
 against apimachinery's ``ValidateLabels`` (qualified keys, values of at most 63 characters):
@@ -56,6 +57,25 @@ class CoreObjects:
         if found is None:
             raise errors.not_found("configmaps", "", name)
         return copy.deepcopy(found)
+
+    def config_maps(self, namespace: str, label_selector: str) -> Obj:
+        """A ``ConfigMapList`` of ``namespace`` matching ``label_selector`` (equality terms,
+        ``k=v,k2=v2``, as a driver finds a ConfigMap by label)."""
+        wanted = {}
+        for term in filter(None, label_selector.split(",")):
+            key, equals, value = term.partition("=")
+            if not equals or not key:
+                raise errors.bad_request(f"unable to parse requirement: {term!r}: only "
+                                         "equality terms are emulated")
+            wanted[key.strip()] = value.lstrip("=").strip()
+        items = [copy.deepcopy(o) for (ns, _), o in sorted(self._config_maps.items())
+                 if ns == namespace and all(o["metadata"].get("labels", {}).get(k) == v
+                                            for k, v in wanted.items())]
+        for item in items:
+            item.pop("apiVersion")
+            item.pop("kind")
+        return {"apiVersion": "v1", "kind": "ConfigMapList", "metadata": {"resourceVersion": "1"},
+                "items": items}
 
     # -- writes (tests) -------------------------------------------------------------------
 

@@ -36,7 +36,7 @@ _RESOURCE_PATH = re.compile(
 _NODE_PATH = re.compile(
     r"^/api/v1/(?P<watch>watch/)?nodes(?:/(?P<name>[^/]+))?(?:/(?P<sub>status))?$")
 _CORE_PATH = re.compile(
-    r"^/api/v1/namespaces/(?P<namespace>[^/]+)(?:/(?P<resource>configmaps)/(?P<name>[^/]+))?$")
+    r"^/api/v1/namespaces/(?P<namespace>[^/]+)(?:/(?P<resource>configmaps)(?:/(?P<name>[^/]+))?)?$")
 _EXPIRED_CONTINUE = (
     "The provided continue parameter is too old to display a consistent list result. You can "
     "start a new list without the continue parameter, or use the continue token in this response "
@@ -113,10 +113,12 @@ def parse_target(request: web.Request, model: ServerModel) -> Target | web.Respo
                       None, name, match["sub"] or "")
     match = _CORE_PATH.match(path)
     if match:
-        verb = _verb(request.method, "x", False, query)
         if match["resource"]:
-            return Target(verb, CONFIGMAPS, "v1", match["namespace"], match["name"], "")
-        return Target(verb, NAMESPACES, "v1", None, match["namespace"], "")
+            name = match["name"] or ""
+            return Target(_verb(request.method, name, False, query), CONFIGMAPS, "v1",
+                          match["namespace"], name, "")
+        return Target(_verb(request.method, "x", False, query), NAMESPACES, "v1", None,
+                      match["namespace"], "")
     match = events_api.PATH.match(path)
     if match:
         if match["version"] != events_api.VERSION:
@@ -262,6 +264,9 @@ async def resource_response(backend: Backend, request: web.Request, target: Targ
         return json_response(backend.nodes.update(name, body))
     if info is events_api.EVENTS:
         return _events_response(backend, request, target, body)
+    if info is CONFIGMAPS and verb == "list":
+        return json_response(backend.core.config_maps(namespace or "",
+                                                      query.get("labelSelector", "")))
     if info in (NAMESPACES, CONFIGMAPS):
         if verb != "get":
             raise errors.method_not_supported(info.name, "", verb)

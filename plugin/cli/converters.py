@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from dataclasses import dataclass
 
 from plugin.cli.settings import DEFAULT_GENERATIONS
@@ -118,14 +119,12 @@ def dns_subdomain(text: str) -> str:
     return text
 
 
-def config_map(text: str) -> tuple[str, str]:
-    """``--function-grants``: ``<namespace>/<name>`` of a ConfigMap."""
-    namespace, _, name = text.partition("/")
-    for part in (namespace, name):
-        problem = dns_subdomain_problem(part) if part else "it must be <namespace>/<name>"
-        if problem:
-            raise argparse.ArgumentTypeError(f"{text!r}: {problem}")
-    return namespace, name
+def dns_label(text: str) -> str:
+    """A namespace name (``--function-grants``)."""
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a namespace name (a lowercase DNS "
+                                         "label of at most 63 characters)")
+    return text
 
 
 def class_names(text: str) -> tuple[str, ...]:

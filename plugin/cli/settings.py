@@ -77,10 +77,10 @@ class Settings:
     """None: ``/var/lib/kubelet/plugins/<driver name>``."""
     dra_share: tuple[FamilyShare, ...] = ()
     """``--dra-share``: per family, how many contexts a device is published shared with."""
-    function_grants: tuple[str, str] | None = None
-    """``--function-grants``: the function catalogue ConfigMap (namespace, name); None: no
+    function_grants: str | None = None
+    """``--function-grants``: the namespace of the function catalogue ConfigMap; None: no
     function is guarded by the driver."""
-    function_grants_classes: tuple[str, ...] = ()
+    guarded_classes: tuple[str, ...] = ()
     """The catalogue's classes as rendered, guarded while the ConfigMap is missing."""
     pod_resources_socket: Path = DEFAULT_POD_RESOURCES_SOCKET
     """The kubelet's PodResources socket: which devices running containers hold through
@@ -130,7 +130,7 @@ def events_enabled(settings: Settings) -> bool:
 
 
 def grants_source(settings: Settings) -> GrantsSource | None:
-    """What ``--function-grants`` and ``--function-grants-classes`` name (None: off)."""
+    """What ``--function-grants`` and ``--guarded-classes`` name (None: off)."""
     if settings.function_grants is None:
         return None
-    return GrantsSource(*settings.function_grants, settings.function_grants_classes)
+    return GrantsSource(settings.function_grants, settings.guarded_classes)

@@ -34,12 +34,17 @@ Function = tuple[str, str]
 """(family, normalised function ID), as :class:`~.function_config.FunctionSpec` has them."""
 
 
+CATALOGUE_LABELS = {"app.kubernetes.io/name": "accelerator-device-plugin",
+                    "app.kubernetes.io/component": "function-admission"}
+"""What marks the catalogue ConfigMap, as the admission policy's binding finds it: by label,
+so a kustomize ``namePrefix`` or a Helm release name does not lose it."""
+
+
 @dataclass(frozen=True)
 class GrantsSource:
-    """``--function-grants <namespace>/<name>`` and ``--function-grants-classes``."""
+    """``--function-grants <namespace>`` and ``--guarded-classes``."""
 
     namespace: str
-    name: str
     classes: tuple[str, ...] = ()
     """The catalogue's classes as rendered with the deployment: guarded whatever happens to
     the ConfigMap."""

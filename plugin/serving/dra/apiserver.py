@@ -166,9 +166,10 @@ class ApiServer:
         """A Namespace, for the grant labels an admin put on it."""
         return _plain(await self._call(self._client.get(NAMESPACES, name)))
 
-    async def get_config_map(self, namespace: str, name: str) -> dict[str, Any]:
-        return _plain(await self._call(self._client.get(CONFIG_MAPS, name,
-                                                        namespace=namespace)))
+    async def config_maps(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+        """The ConfigMaps of ``namespace`` carrying ``labels`` (the function catalogue)."""
+        listing = self._client.list(CONFIG_MAPS, namespace=namespace, labels=labels)
+        return [_plain(o) async for o in _guard(listing, lambda: None)]
 
     async def list_node(self, node: str) -> tuple[dict[str, Any] | None, str]:
         """This node's Node object (None when there is none) and the list's resourceVersion,

@@ -10,13 +10,15 @@ function each device holds, or will hold for the claim, against the catalogue
 anything is loaded. The same catalogue tells the publisher which devices hold a guarded
 function (attribute ``functionGuarded``), so the plain class can select only the others.
 
-What is read, through the API client the driver has (RBAC: ``get`` on ``namespaces``, on the
-catalogue ConfigMap, and the ``list`` on ``deviceclasses`` it has already):
+What is read, through the API client the driver has (RBAC: ``get`` on ``namespaces``,
+``list`` on ``configmaps`` of the catalogue's namespace, and the ``list`` on
+``deviceclasses`` it has already):
 
-* the catalogue ConfigMap (``<namespace>/<name>``): its keys are guarded classes, added to
-  the rendered copy (``--function-grants-classes``) that stays guarded while the ConfigMap
-  is missing (404); any other failure to read it takes every class naming a function as
-  guarded;
+* the catalogue: the ConfigMaps of ``--function-grants <namespace>`` labelled as the
+  admission policy's binding finds them (:data:`~plugin.programming.guarded.CATALOGUE_LABELS`);
+  their keys are guarded classes, added to the rendered copy (``--guarded-classes``), which
+  stays guarded while no such ConfigMap is there; a failure to list them takes every class
+  naming a function as guarded;
 * the DeviceClasses, for the function each guarded class names; unreadable, every device
   holding a function is refused (and published guarded) until they can be read;
 * the claim's Namespace, for its grant labels; unreadable, a device holding a guarded
@@ -37,6 +39,7 @@ from typing import Any, Protocol
 from api_versions.device_classes import driver_configs
 from api_versions.k8s_objects import data_keys_of, labels_of
 from plugin.programming.guarded import (
+    CATALOGUE_LABELS,
     Function,
     GrantsSource,
     GuardedFunctions,
@@ -61,7 +64,8 @@ NOT_READ = "the function catalogue has not been read yet"
 class Reads(Protocol):
     """The API calls this module makes (:class:`~.apiserver.ApiServer`'s)."""
 
-    async def get_config_map(self, namespace: str, name: str) -> dict[str, Any]: ...
+    async def config_maps(self, namespace: str,
+                          labels: dict[str, str]) -> list[dict[str, Any]]: ...
     async def get_namespace(self, name: str) -> dict[str, Any]: ...
     async def device_classes(self) -> list[dict[str, Any]]: ...
 
@@ -104,11 +108,11 @@ class FunctionGrants:
         keys: list[str] = []
         assumed = ""
         try:
-            keys = data_keys_of(await api.get_config_map(source.namespace, source.name))
+            keys = [key for found in await api.config_maps(source.namespace,
+                                                           dict(CATALOGUE_LABELS))
+                    for key in data_keys_of(found)]
         except ApiFailure as exc:
-            if exc.status != 404 or getattr(exc, "unserved", False):
-                assumed = (f"the catalogue ConfigMap {source.namespace}/{source.name} cannot "
-                           f"be read: {exc}")
+            assumed = f"the catalogue ConfigMaps of {source.namespace} cannot be read: {exc}"
         try:
             configs = driver_configs(await api.device_classes(), self.driver)
         except (ApiFailure, TimeoutError) as exc:
