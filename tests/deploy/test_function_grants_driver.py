@@ -141,3 +141,13 @@ def test_without_function_admission_the_driver_guards_nothing():
     settings = settings_of(objects)
     assert settings.function_grants is None and settings.guarded_classes == ()
     assert not [o for o in objects if o["kind"] == "Role"]
+
+
+def test_the_components_three_copies_of_the_catalogue_agree(renderings):
+    """grants.yaml, the policy's copy and the driver's (ACCELERATOR_DP_GUARDED_CLASSES)."""
+    objects = renderings["kustomize"]
+    policy, _, catalogue = parts(objects)
+    (copy_,) = [v["expression"] for v in policy["spec"]["variables"]
+                if v["name"] == "catalogue"]
+    assert all(f'"{name}"' in copy_ for name in catalogue["data"])
+    assert settings_of(objects).guarded_classes == tuple(sorted(catalogue["data"]))
