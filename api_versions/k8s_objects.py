@@ -44,3 +44,16 @@ def pool_generation_of(obj: KubeObject) -> int:
     absent or not a number."""
     value = obj.get("spec", {}).get("pool", {}).get("generation", 0)
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def labels_of(obj: KubeObject) -> dict[str, str]:
+    """``metadata.labels`` (a Namespace's grants), string values only."""
+    labels = obj.get("metadata", {}).get("labels")
+    return {str(k): v for k, v in labels.items() if isinstance(v, str)} \
+        if isinstance(labels, dict) else {}
+
+
+def data_keys_of(obj: KubeObject) -> list[str]:
+    """The keys of a ConfigMap's ``data`` (the function catalogue's class names)."""
+    data = obj.get("data")
+    return sorted(str(k) for k in data) if isinstance(data, dict) else []

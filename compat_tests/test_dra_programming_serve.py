@@ -96,9 +96,11 @@ class World:
 async def running(tmp_path: Path, sockdir: Path, logdir: Path, *extra: str,
                   fail: str | None = None, delay: float = 0.0,
                   call_timeout: float | None = None,
-                  api_server: Callable[[], ApiServerEmulator] | None = None
+                  api_server: Callable[[], ApiServerEmulator] | None = None,
+                  before: Callable[[ApiServerEmulator, FakeNode], None] = lambda _a, _n: None
                   ) -> AsyncIterator[World]:
-    """The world, its API server made by ``api_server`` (by default a 1.36 one)."""
+    """The world, its API server made by ``api_server`` (by default a 1.36 one), and
+    ``before(api, node)`` called before serve starts."""
     node = build_mixed_node(tmp_path / "node")
     library = tmp_path / "images"
     write_image(library, "intel/nlb3.gbs", build_gbs(
@@ -117,6 +119,7 @@ async def running(tmp_path: Path, sockdir: Path, logdir: Path, *extra: str,
         api.create_namespace(NAMESPACE)
         api.create_device_class(DRIVER, driver=DRIVER)
         kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+        before(api, node)
         kubelet = KubeletEmulator(sockdir, "1.36", plugins_registry=registry,
                                   reconcile_period=0.05,
                                   dra=DraConfig(**FAST_DRA, node_name=NODE,

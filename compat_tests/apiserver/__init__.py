@@ -19,7 +19,7 @@ and fairness (429 only when injected), garbage collection except of a deleted No
 ``nodes/status`` writes and the spec rules of a Node update (nodes.py: Nodes are read, listed,
 watched, updated and patched, as ``kubectl label`` does), server-chosen watch timeouts, HTTP/2, and
 schema differences between releases other than the fields and gates listed in models.py (the
-schemas are those of 1.36).
+schemas are those of 1.36). Of Namespaces and ConfigMaps, only the reads of core_objects.py.
 """
 
 from compat_tests.apiserver.faults import DEFAULT_USER, Faults, LoggedRequest

@@ -20,6 +20,7 @@ from multidict import CIMultiDict
 
 from compat_tests.apiserver import claim_authz, discovery, errors, selectors
 from compat_tests.apiserver import events as events_api
+from compat_tests.apiserver.core_objects import CONFIGMAPS, NAMESPACES, CoreObjects
 from compat_tests.apiserver.faults import Faults, LoggedRequest, Tokens, forbidden_message
 from compat_tests.apiserver.models import GROUP, ServerModel
 from compat_tests.apiserver.nodes import NodeWrites
@@ -34,6 +35,8 @@ _RESOURCE_PATH = re.compile(
     r"(?:/(?P<sub>[^/]+))?$")
 _NODE_PATH = re.compile(
     r"^/api/v1/(?P<watch>watch/)?nodes(?:/(?P<name>[^/]+))?(?:/(?P<sub>status))?$")
+_CORE_PATH = re.compile(
+    r"^/api/v1/namespaces/(?P<namespace>[^/]+)(?:/(?P<resource>configmaps)(?:/(?P<name>[^/]+))?)?$")
 _EXPIRED_CONTINUE = (
     "The provided continue parameter is too old to display a consistent list result. You can "
     "start a new list without the continue parameter, or use the continue token in this response "
@@ -55,6 +58,7 @@ class Backend(Protocol):
     bookmark_interval: float
     events: events_api.EventStore
     nodes: NodeWrites
+    core: CoreObjects
 
     @property
     def address(self) -> str: ...
@@ -107,6 +111,14 @@ def parse_target(request: web.Request, model: ServerModel) -> Target | web.Respo
         name = match["name"] or ""
         return Target(_verb(request.method, name, bool(match["watch"]), query), NODES, "v1",
                       None, name, match["sub"] or "")
+    match = _CORE_PATH.match(path)
+    if match:
+        if match["resource"]:
+            name = match["name"] or ""
+            return Target(_verb(request.method, name, False, query), CONFIGMAPS, "v1",
+                          match["namespace"], name, "")
+        return Target(_verb(request.method, "x", False, query), NAMESPACES, "v1", None,
+                      match["namespace"], "")
     match = events_api.PATH.match(path)
     if match:
         if match["version"] != events_api.VERSION:
@@ -252,6 +264,14 @@ async def resource_response(backend: Backend, request: web.Request, target: Targ
         return json_response(backend.nodes.update(name, body))
     if info is events_api.EVENTS:
         return _events_response(backend, request, target, body)
+    if info is CONFIGMAPS and verb == "list":
+        return json_response(backend.core.config_maps(namespace or "",
+                                                      query.get("labelSelector", "")))
+    if info in (NAMESPACES, CONFIGMAPS):
+        if verb != "get":
+            raise errors.method_not_supported(info.name, "", verb)
+        return json_response(backend.core.namespace(name) if info is NAMESPACES
+                             else backend.core.config_map(namespace or "", name))
     if verb == "get":
         found = backend.store.get(info.name, namespace, name)
         if found is None:

@@ -23,6 +23,7 @@ from aiohttp import web
 
 from compat_tests.apiserver import objects, pipeline, strategy
 from compat_tests.apiserver import tls as tls_files
+from compat_tests.apiserver.core_objects import CoreObjects
 from compat_tests.apiserver.events import EventStore
 from compat_tests.apiserver.faults import DEFAULT_USER, Faults, LoggedRequest, Tokens
 from compat_tests.apiserver.http_api import handle
@@ -59,6 +60,8 @@ class ApiServerEmulator:
         self.registry = Registry(self.store, lambda: self.model, self.namespaces)
         self.events = EventStore(self.store, self.namespaces)
         self.nodes = NodeWrites(self.store)
+        self.core = CoreObjects(self.namespaces)
+        """Namespaces (their labels) and ConfigMaps, read by ``get`` (core_objects.py)."""
         self.faults = Faults()
         self.tokens = Tokens(tokens if tokens is not None else {
             secrets.token_hex(16): DEFAULT_USER})

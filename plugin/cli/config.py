@@ -24,6 +24,8 @@ from plugin.cli.converters import (
     TIMEOUT,
     boolean,
     byte_count,
+    class_names,
+    dns_label,
     dns_subdomain,
     driver_name,
     generations,
@@ -247,6 +249,16 @@ def _add_serve_flags(parser: OneLineParser) -> None:
             help="where the DRA driver keeps its claim checkpoint (default "
                  f"{KUBELET_PLUGINS_DIR}/<driver name>)")
     _add_share_flag(env)
+    env.add("--function-grants", default=None, convert=dns_label, metavar="NAMESPACE",
+            help="DRA: the namespace of the function catalogue (the ConfigMaps labelled "
+                 "app.kubernetes.io/component=function-admission; keys: guarded "
+                 "DeviceClasses); a claim is then prepared on a device holding, or to be "
+                 "loaded with, a function a guarded class names only in a namespace granted "
+                 "such a class (label functions.accelerator.b-com.com/<class>=true), and "
+                 "such devices are published functionGuarded; off by default")
+    env.add("--guarded-classes", default=(), convert=class_names, metavar="CLASS[,...]",
+            help="with --function-grants: the catalogue's classes as deployed, guarded "
+                 "while its ConfigMap is missing (it can add classes, not take them away)")
     env.add("--pod-resources-socket", default=DEFAULT_POD_RESOURCES_SOCKET, convert=Path,
             help="the kubelet's PodResources socket (--api dra|auto): devices running "
                  "containers still hold through the other API are not offered after a move "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -119,6 +120,24 @@ def dns_subdomain(text: str) -> str:
     if problem:
         raise argparse.ArgumentTypeError(problem)
     return text
+
+
+def dns_label(text: str) -> str:
+    """A namespace name (``--function-grants``)."""
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a namespace name (a lowercase DNS "
+                                         "label of at most 63 characters)")
+    return text
+
+
+def class_names(text: str) -> tuple[str, ...]:
+    """``--function-grants-classes``: DeviceClass names, comma-separated."""
+    names = tuple(sorted({n.strip() for n in text.split(",") if n.strip()}))
+    for name in names:
+        problem = dns_subdomain_problem(name)
+        if problem:
+            raise argparse.ArgumentTypeError(f"DeviceClass {name!r}: {problem}")
+    return names
 
 
 def driver_name(text: str) -> str:

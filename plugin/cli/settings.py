@@ -16,6 +16,7 @@ from plugin.model.replicas import Replicas
 
 if TYPE_CHECKING:
     from api_versions.retry import RetryPolicy
+    from plugin.programming.guarded import GrantsSource
     from plugin.serving.dra.share_setting import FamilyShare
 
 DEFAULT_PROGRAM_TIMEOUT = 120.0
@@ -90,6 +91,11 @@ class Settings:
     """None: ``/var/lib/kubelet/plugins/<driver name>``."""
     dra_share: tuple[FamilyShare, ...] = ()
     """``--dra-share``: per family, how many contexts a device is published shared with."""
+    function_grants: str | None = None
+    """``--function-grants``: the namespace of the function catalogue ConfigMap; None: no
+    function is guarded by the driver."""
+    guarded_classes: tuple[str, ...] = ()
+    """The catalogue's classes as rendered, guarded while the ConfigMap is missing."""
     pod_resources_socket: Path = DEFAULT_POD_RESOURCES_SOCKET
     """The kubelet's PodResources socket: which devices running containers hold through
     the device plugin (and, 1.34+, through DRA claims), so a move never hands them out."""
@@ -137,3 +143,12 @@ def events_enabled(settings: Settings) -> bool:
     if settings.events == "auto":
         return settings.api != "device-plugin"
     return settings.events == "on"
+
+
+def grants_source(settings: Settings) -> GrantsSource | None:
+    """What ``--function-grants`` and ``--guarded-classes`` name (None: off)."""
+    if settings.function_grants is None:
+        return None
+    from plugin.programming.guarded import GrantsSource  # only serve asks: the loader never
+
+    return GrantsSource(settings.function_grants, settings.guarded_classes)

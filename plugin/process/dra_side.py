@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 
 from api_versions.negotiate import KUBELET_SOCKET
 from plugin.cli.config import Settings
-from plugin.cli.settings import dra_state_dir
+from plugin.cli.settings import dra_state_dir, grants_source
 from plugin.model.feed import DeviceFeed
 from plugin.model.held import DRA, Held, nothing
 from plugin.process.api_label import NO_LABEL, LabelReader, Override, Pin
@@ -177,7 +177,7 @@ class DraSide:
             registry_dir=settings.plugins_registry_dir, state_dir=dra_state_dir(settings),
             cdi_dir=settings.cdi_spec_dir, kubeconfig=settings.kubeconfig,
             request_timeout=settings.api_request_timeout, stop_timeout=settings.stop_timeout,
-            chosen_per_kubelet=settings.api == "auto",
+            chosen_per_kubelet=settings.api == "auto", grants=grants_source(settings),
             kubelet_socket=settings.device_plugin_dir / KUBELET_SOCKET,
             pod_resources_socket=settings.pod_resources_socket)
         programmer = programmer_for(settings, self.quarantine or Quarantine(None),

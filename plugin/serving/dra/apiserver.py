@@ -162,6 +162,15 @@ class ApiServer:
     async def get_node(self, node: str) -> dict[str, Any]:
         return _plain(await self._call(self._client.get(NODES, node)))
 
+    async def get_namespace(self, name: str) -> dict[str, Any]:
+        """A Namespace, for the grant labels an admin put on it."""
+        return _plain(await self._call(self._client.get(NAMESPACES, name)))
+
+    async def config_maps(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+        """The ConfigMaps of ``namespace`` carrying ``labels`` (the function catalogue)."""
+        listing = self._client.list(CONFIG_MAPS, namespace=namespace, labels=labels)
+        return [_plain(o) async for o in _guard(listing, lambda: None)]
+
     async def list_node(self, node: str) -> tuple[dict[str, Any] | None, str]:
         """This node's Node object (None when there is none) and the list's resourceVersion,
         to watch from: a list and watch narrowed to one name, as client-go's reflector does
@@ -304,6 +313,8 @@ class ApiServer:
 
 
 NODES = create_global_resource("", "v1", "Node", "nodes")
+NAMESPACES = create_global_resource("", "v1", "Namespace", "namespaces")
+CONFIG_MAPS = create_namespaced_resource("", "v1", "ConfigMap", "configmaps")
 
 
 def new_client(config: KubeConfig, timeout: float = REQUEST_TIMEOUT) -> AsyncClient:

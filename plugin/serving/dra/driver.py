@@ -44,19 +44,17 @@ from plugin.model.held import (
 )
 from plugin.model.programming import never
 from plugin.process import metrics
+from plugin.programming.guarded import GrantsSource
 from plugin.programming.outcome import Outcome
 from plugin.programming.programmer import Programmer
-from plugin.serving.dra.apiserver import (
-    REQUEST_TIMEOUT,
-    ApiFailure,
-    ApiServer,
-)
+from plugin.serving.dra.apiserver import REQUEST_TIMEOUT, ApiFailure, ApiServer
 from plugin.serving.dra.checkpoint import ClaimCheckpoint
 from plugin.serving.dra.claim_cdi import ClaimSpecs, accelerator_env
 from plugin.serving.dra.claim_status import ClaimStatusReporter, NodeConditions
 from plugin.serving.dra.claims_held import live_claims
 from plugin.serving.dra.connect import connect
 from plugin.serving.dra.function_audit import Auditor, ClaimTold
+from plugin.serving.dra.function_grants import FunctionGrants, held_on
 from plugin.serving.dra.health import HealthBroadcaster
 from plugin.serving.dra.inventory import pool_of
 from plugin.serving.dra.prepare import ClaimPreparer
@@ -98,6 +96,7 @@ class DriverPlace:
     """The kubelet's PodResources socket: devices containers still hold through the device
     plugin are published tainted, and prepared for no claim, until released (None: not
     asked, every device offered)."""
+    grants: GrantsSource | None = None  # --function-grants (None: nothing guarded)
 
 
 class DraDriver:
@@ -125,6 +124,8 @@ class DraDriver:
         self._node_conditions = node_conditions
         self.programmer = programmer
         """Loads the function a claim names (and says which devices can take one)."""
+        self.grants = FunctionGrants(place.driver, place.grants, self.api, held_on(
+            lambda: feed.current, programmer)) if place.grants is not None else None
         self._resources = resources
         """The device plugin's resource names for these devices (what PodResources lists
         device-plugin devices under)."""
@@ -132,12 +133,11 @@ class DraDriver:
         self.held: Held = nothing(DEVICE_PLUGIN)
         """Devices containers still hold through the device plugin (after a move to DRA)."""
         self._holds: asyncio.Task[None] | None = None
-        self.feed = feed
-        self._cdi_ids = cdi_ids
-        self._api = api
+        self.feed, self._cdi_ids, self._api = feed, cdi_ids, api
         self._pool: Pool | None = None
         self._pool_made_of: tuple[object, ...] = ()
-        """(devices, device plugin holds, programmable, clearing, claim holds, shared, draining)."""
+        """(devices, device plugin holds, (programmable, guarded), clearing, claim holds,
+        shared, draining)."""
         self._preparer: ClaimPreparer | None = None
         self._health: HealthBroadcaster | None = None
         self._status: ClaimStatusReporter | None = None
@@ -150,7 +150,8 @@ class DraDriver:
         """The pool of the devices now, built again only when what it is made of changed:
         a share prepared or unprepared changes the claims' holds, but rarely which devices
         are published shared, and then the pool (and its slices) stay as they are."""
-        programmable = self.programmer.generation() if self.programmer is not None else ()
+        programmable = (self.programmer.generation() if self.programmer is not None else (),
+                        self.grants.guarded if self.grants is not None else None)
         holds = self.sharing.holds(self._preparer.checkpoint if self._preparer else None)
         clearing = self._preparer.clears.draining() if self._preparer else frozenset()
         made_of = (self.feed.current, self.held, programmable, clearing, holds)
@@ -164,7 +165,9 @@ class DraDriver:
                 self._pool = pool_of(self.place.driver, self.place.node, self.feed.current,
                                      held=held, shared=shared,
                                      programmable=self.programmer.programmable
-                                     if self.programmer is not None else never)
+                                     if self.programmer is not None else never,
+                                     guarded=self.grants.publishes_guarded
+                                     if self.grants is not None else never)
             self._pool_made_of = (*made_of, shared, draining)
         return self._pool
 
@@ -233,6 +236,7 @@ class DraDriver:
                 auditor=Auditor(self._claim_told), refused_in_status=self._status.refused,
                 published_contexts=self.published_contexts, device_classes=api.device_classes,
                 published_shares=lambda: self.sharing.shared_as)  # as published_contexts
+            self._preparer.functions.grants = self.grants
             metrics.follow_dra_prepared_claims(place.driver, checkpoint.held)
             self._health = HealthBroadcaster(place.node, self.feed, self.device_names)
             self._follower = asyncio.create_task(self._follow_devices(),
@@ -297,10 +301,12 @@ class DraDriver:
         if self.programmer is not None:  # a load or a clear ended: no longer draining
             self.programmer.on_changed = self.sharing.drained(self._republish)
             self.programmer.clears.on_resumed_over = self._republish
-        if self.programmer is not None:  # a loader process's word changed: republish
+            # A loader process's word changed: republish.
             self.programmer.on_loaders_changed = partial(
                 asyncio.get_running_loop().call_soon_threadsafe,
                 lambda: self._holds_changed(self.held))
+        if self.grants is not None:  # what is guarded changed: functionGuarded follows
+            self.grants.on_changed = self._republish
         service, preparer, status = self.service, self._preparer, self._status
 
         async def publish() -> None:
@@ -321,7 +327,7 @@ class DraDriver:
                 watch = None
             if watch is not None and watch.held:
                 self._holds = asyncio.create_task(watch.run(), name="device-plugin holds")
-            await publisher.run()
+            await asyncio.gather(publisher.run(), *[g.run() for g in (self.grants,) if g])
 
         self._publishing = asyncio.create_task(publish(), name="slice publisher")
 

@@ -4,7 +4,8 @@ A shared cluster's security review asks this of every load, long after the pod i
 each function a claim's configuration names leaves one record, wherever it ends: loaded,
 held already, refused (the class does not allow it, the image is wrong or its digest is not
 the pinned one, the device cannot be programmed or is held; a share of a device that holds
-another function, ``not_held``), or failed at the card. The
+another function, ``not_held``; a guarded function for a namespace not granted it,
+``not_granted``), or failed at the card. The
 record names the claim (namespace, name, UID), the pods it is reserved for, the DeviceClass,
 the function, the image and its digest, the node, the device and the outcome, and goes to:
 
@@ -33,6 +34,9 @@ FAILED = "failed"
 NOT_HELD = "not_held"
 """A share of a device whose function is not the one the device holds: a share never
 programs (:mod:`.shares`), so nothing is loaded."""
+NOT_GRANTED = "not_granted"
+"""A device holding (or to be loaded with) a guarded function, for a claim whose namespace
+is not granted it (:mod:`.function_grants`): nothing is loaded."""
 
 EVENT_REASONS = {
     LOADED: "FunctionLoaded",
@@ -41,12 +45,13 @@ EVENT_REASONS = {
     REFUSED: "FunctionLoadRefused",
     FAILED: "FunctionLoadFailed",
     NOT_HELD: "FunctionNotHeld",
+    NOT_GRANTED: "FunctionNotGranted",
 }
 """The Event reason regarding the claim, per outcome (``skipped`` writes none)."""
 CONDITION_REASONS = {
     LOADED: "Loaded", SKIPPED: "AlreadyLoaded", NOT_ALLOWED: "NotAllowed",
     DIGEST_MISMATCH: "DigestMismatch", REFUSED: "Refused", FAILED: "LoadFailed",
-    NOT_HELD: "NotHeld",
+    NOT_HELD: "NotHeld", NOT_GRANTED: "NotGranted",
 }
 """The ``FunctionLoaded`` condition's reason in the claim's status, per outcome."""
 

@@ -54,7 +54,10 @@ Attributes
     ``programmable`` (bool): whether it can be given another function on this node
     (``--programming on`` and a loader for its family that finds its way in: the FME node or
     ``fpgaconf`` for an Intel port, ``xbutil`` for an Alveo card, the FPGA SDK's tools for an
-    AWS slot; see :mod:`plugin.model.programming`). AWS publishes no shell version
+    AWS slot; see :mod:`plugin.model.programming`). With ``--function-grants``, a device
+    holding a function the admin's catalogue guards carries ``functionGuarded`` (bool, true;
+    absent otherwise), so the plain class can leave it to the namespaces granted it.
+    AWS publishes no shell version
     and no AFI ID: both live only in the slot's mailbox (what ``fpga-describe-local-image``
     reads through the management function's BAR), never in sysfs.
     A value the server would refuse (a string
@@ -118,6 +121,7 @@ LOGIC_UUID = "logicUUID"
 INTERFACE_UUID = "interfaceUUID"
 XCLBIN_UUID = "xclbinUUID"
 PROGRAMMABLE = "programmable"
+FUNCTION_GUARDED = "functionGuarded"
 
 KERNEL_DRIVER_FAMILIES = ("intel", "alveo")
 """Backends whose ``driver`` attribute names a kernel driver; AWS's names the platform."""
@@ -196,10 +200,12 @@ def _integer(attributes: dict[str, AttributeValue], name: str, value: int | str 
         attributes[name] = AttributeValue.integer(value)
 
 
-def attributes_of(device: Device, programmable: Programmable = never
-                  ) -> dict[str, AttributeValue]:
+def attributes_of(device: Device, programmable: Programmable = never,
+                  guarded: Programmable = never) -> dict[str, AttributeValue]:
     """What a DeviceClass or a claim's CEL selector can see of ``device``; ``programmable``
-    says whether it can be given another function here."""
+    says whether it can be given another function here, ``guarded`` whether it holds a
+    function the catalogue guards (published true only: the plain class selects the
+    devices without it)."""
     facts = device.attrs
     attributes: dict[str, AttributeValue] = {}
     _string(attributes, FAMILY, device.backend)
@@ -223,18 +229,20 @@ def attributes_of(device: Device, programmable: Programmable = never
     _string(attributes, INTERFACE_UUID, facts.get("interface_uuid"), _UUID_HEX)
     _string(attributes, XCLBIN_UUID, facts.get("xclbin_uuid"), _UUID)
     attributes[PROGRAMMABLE] = AttributeValue.boolean(programmable(device))
+    if guarded(device):
+        attributes[FUNCTION_GUARDED] = AttributeValue.boolean(True)
     return attributes
 
 
 def dra_device(device: Device, held_by: str = "", programmable: Programmable = never,
-               shared_contexts: int = 0) -> DraDevice:
+               shared_contexts: int = 0, guarded: Programmable = never) -> DraDevice:
     """``device`` as the pool lists it."""
     return DraDevice(
         held_by=held_by,
         shared_contexts=shared_contexts,
         name=device_name(device.id),
         device_id=device.id,
-        attributes=attributes_of(device, programmable),
+        attributes=attributes_of(device, programmable, guarded),
         healthy=device.healthy,
         health_reason=device.health_reason,
         health_code="" if device.healthy else health_code(device.health_reason),
@@ -250,7 +258,7 @@ def _check_name(what: str, value: str, limit: int) -> None:
 def pool_of(driver: str, node_name: str, devices: DeviceSet,
             pool_name: str | None = None, held: Mapping[str, str] | None = None,
             programmable: Programmable = never,
-            shared: Mapping[str, int] | None = None) -> Pool:
+            shared: Mapping[str, int] | None = None, guarded: Programmable = never) -> Pool:
     """The pool ``driver`` publishes for ``node_name``: every device of the snapshot.
 
     ``held``: device ID -> the API a running container still holds it through (see
@@ -258,7 +266,8 @@ def pool_of(driver: str, node_name: str, devices: DeviceSet,
     otherwise, as the Go helper
     names node-local pools. ``programmable``: the rule for :data:`PROGRAMMABLE`. ``shared``:
     device ID -> the contexts a device is published shared with
-    (:mod:`plugin.serving.dra.sharing`); the others are allocated whole.
+    (:mod:`plugin.serving.dra.sharing`); the others are allocated whole. ``guarded``: the
+    rule for :data:`FUNCTION_GUARDED` (:mod:`plugin.serving.dra.function_grants`).
     Raises ValueError for a driver, node or pool name the server
     would refuse (a configuration mistake, better found before publishing), or if two IDs
     got one device name (which the naming rule makes all but impossible).
@@ -271,8 +280,8 @@ def pool_of(driver: str, node_name: str, devices: DeviceSet,
     for part in name.split("/"):
         _check_name("pool name part", part, MAX_POOL_NAME)
     held, shared = held or {}, shared or {}
-    listed = tuple(dra_device(d, held.get(d.id, ""), programmable, shared.get(d.id, 0))
-                   for d in devices)
+    listed = tuple(dra_device(d, held.get(d.id, ""), programmable, shared.get(d.id, 0),
+                              guarded) for d in devices)
     seen: dict[str, str] = {}
     for entry in listed:
         if entry.name in seen:

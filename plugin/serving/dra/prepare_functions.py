@@ -21,6 +21,7 @@ from plugin.programming.function_config import (
     ClaimFunctions,
     FunctionRefused,
     FunctionSpec,
+    function_shown,
     functions_of,
     needs_class_configs,
 )
@@ -30,14 +31,17 @@ from plugin.programming.outcome import Outcome
 from plugin.programming.programmer import Programmer, ProgrammingRefused
 from plugin.serving.dra import function_audit as audit
 from plugin.serving.dra.apiserver import ApiFailure
+from plugin.serving.dra.function_grants import FunctionGrants
 from plugin.serving.dra.prepared import describe
-from plugin.serving.dra.shares import SharedAs, function_not_held, not_shared_function
+from plugin.serving.dra.shares import SharedAs, function_not_held, not_shared_function, where
 from value_types.claims import ClaimAllocation, ClaimRef, PreparedDevice
 
 NOT_ALLOWED = "not_allowed"
 """``dra_programming_total`` result of a claim's function its class does not allow."""
 NOT_HELD = "not_held"
 """``dra_programming_total`` result of a share whose function its device does not hold."""
+NOT_GRANTED = "not_granted"
+"""``dra_programming_total`` result of a guarded function for a namespace not granted it."""
 
 
 class Refused(Exception):
@@ -62,8 +66,11 @@ class FunctionStep:
                  holders: Holders, auditor: audit.Auditor | None = None,
                  refused_in_status: RefusedInStatus | None = None,
                  admitted_as: AdmittedAs = lambda _uid: {},
-                 device_classes: DeviceClasses | None = None) -> None:
+                 device_classes: DeviceClasses | None = None,
+                 grants: FunctionGrants | None = None) -> None:
         self.driver = driver
+        self.grants = grants
+        """``--function-grants``: who may have a device holding a guarded function."""
         self._device_classes = device_classes
         self._admitted_as = admitted_as
         self.node = node
@@ -96,6 +103,8 @@ class FunctionStep:
         if first is not None:
             self._refused(ref, refusals)
             raise Refused(f"claim {describe(ref)}: {first}")
+        if self.grants is not None:  # before anything is loaded, whatever the class
+            await self._granted(ref, allocation, devices, wanted)
         programmer = self.programmer
         if programmer is None:
             if wanted:
@@ -134,6 +143,34 @@ class FunctionStep:
                                             refusal.sha256, str(refusal), functions)
                                 for d, s in failed])
             raise Refused(f"claim {describe(ref)}: {refusal}") from None
+
+    async def _granted(self, ref: ClaimRef, allocation: ClaimAllocation,
+                       devices: tuple[PreparedDevice, ...],
+                       wanted: list[tuple[PreparedDevice, FunctionSpec]]) -> None:
+        """:class:`Refused` when a device holds, or would be loaded with, a guarded function
+        the claim's namespace is not granted (:mod:`.function_grants`)."""
+        assert self.grants is not None
+        specs = dict(wanted)
+        refused = await self.grants.refusals(
+            ref, devices, {d.device_id: (s.family, s.function_id) for d, s in wanted})
+        if not refused:
+            return
+        classes = ClaimFunctions((), allocation.classes)
+        records = []
+        for device, (family, function_id), why in refused:
+            metrics.dra_programming(self.driver, family, "", NOT_GRANTED, 0.0)
+            spec = specs.get(device)
+            records.append(audit.FunctionAudit(
+                outcome=audit.NOT_GRANTED, namespace=ref.namespace, claim=ref.name,
+                uid=ref.uid, pods=allocation.reserved_for,
+                device_class=classes.class_of(device.requests[0]),
+                function=function_shown(family, function_id),
+                image=spec.image if spec is not None else None, sha256=None, node=self.node,
+                device=f"{device.pool}/{device.device}", device_id=device.device_id,
+                detail=why, share_id=device.share_id))
+        self._refused(ref, records)
+        raise Refused(f"claim {describe(ref)}: " + "; ".join(
+            f"{where(device)}: {why}" for device, _, why in refused) + "; nothing was loaded")
 
     async def _held_by_shares(self, ref: ClaimRef, allocation: ClaimAllocation,
                               shared: list[tuple[PreparedDevice, FunctionSpec | None]],

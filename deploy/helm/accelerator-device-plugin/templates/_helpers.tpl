@@ -133,6 +133,18 @@ it), and:
   {{- if hasKey $stopping "stop" -}}
     {{- $_ := set $cfg "stop-timeout" $stopping.stop -}}
   {{- end -}}
+  {{- if and $dra $.Values.functionAdmission.enabled -}}
+    {{- /* The driver guards the catalogue at prepare too (function-admission.yaml): it
+    finds the catalogue ConfigMap by label in the release namespace, and keeps the classes
+    rendered here guarded while that ConfigMap is missing. */ -}}
+    {{- $guarded := list -}}
+    {{- if $programming.enabled -}}
+      {{- range $programming.deviceClasses -}}{{- $guarded = append $guarded .name -}}{{- end -}}
+    {{- end -}}
+    {{- range $.Values.functionAdmission.deviceClasses -}}{{- $guarded = append $guarded .name -}}{{- end -}}
+    {{- $_ := set $cfg "function-grants" (include "adp.namespace" $) -}}
+    {{- $_ := set $cfg "guarded-classes" ($guarded | uniq | sortAlpha | join ",") -}}
+  {{- end -}}
   {{- $eventsMode := get $cfg "events" | default "auto" -}}
   {{- $events := or (eq $eventsMode "on") (and (eq $eventsMode "auto") $dra) -}}
   {{- $needsApi := or $dra $events -}}
