@@ -177,7 +177,7 @@ class DraSide:
             registry_dir=settings.plugins_registry_dir, state_dir=dra_state_dir(settings),
             cdi_dir=settings.cdi_spec_dir, kubeconfig=settings.kubeconfig,
             request_timeout=settings.api_request_timeout, stop_timeout=settings.stop_timeout,
-            chosen_per_kubelet=settings.api == "auto",
+            chosen_per_kubelet=settings.api == "auto", program_at=settings.program_at,
             kubelet_socket=settings.device_plugin_dir / KUBELET_SOCKET,
             pod_resources_socket=settings.pod_resources_socket)
         programmer = programmer_for(settings, self.quarantine or Quarantine(None),

@@ -46,11 +46,9 @@ from plugin.model.programming import never
 from plugin.process import metrics
 from plugin.programming.outcome import Outcome
 from plugin.programming.programmer import Programmer
-from plugin.serving.dra.apiserver import (
-    REQUEST_TIMEOUT,
-    ApiFailure,
-    ApiServer,
-)
+from plugin.serving.dra.apiserver import REQUEST_TIMEOUT, ApiFailure, ApiServer
+from plugin.serving.dra.binding_conditions import with_binding_conditions
+from plugin.serving.dra.binding_watch import BindingSide
 from plugin.serving.dra.checkpoint import ClaimCheckpoint
 from plugin.serving.dra.claim_cdi import ClaimSpecs, accelerator_env
 from plugin.serving.dra.claim_status import ClaimStatusReporter, NodeConditions
@@ -98,6 +96,8 @@ class DriverPlace:
     """The kubelet's PodResources socket: devices containers still hold through the device
     plugin are published tainted, and prepared for no claim, until released (None: not
     asked, every device offered)."""
+    program_at: str = "prepare"
+    """``--program-at``: ``bind`` loads functions before pods bind (:mod:`.binding`)."""
 
 
 class DraDriver:
@@ -141,6 +141,7 @@ class DraDriver:
         self._preparer: ClaimPreparer | None = None
         self._health: HealthBroadcaster | None = None
         self._status: ClaimStatusReporter | None = None
+        self._binding: BindingSide | None = None
         self._follower: asyncio.Task[None] | None = None
         self._publishing: asyncio.Task[None] | None = None
         self.publisher: SlicePublisher | None = None
@@ -165,6 +166,8 @@ class DraDriver:
                                      held=held, shared=shared,
                                      programmable=self.programmer.programmable
                                      if self.programmer is not None else never)
+                if self._binding is not None:
+                    self._pool = with_binding_conditions(self._pool)
             self._pool_made_of = (*made_of, shared, draining)
         return self._pool
 
@@ -234,6 +237,8 @@ class DraDriver:
                 published_contexts=self.published_contexts, device_classes=api.device_classes,
                 published_shares=lambda: self.sharing.shared_as)  # as published_contexts
             metrics.follow_dra_prepared_claims(place.driver, checkpoint.held)
+            self._binding = BindingSide.of(place, api, self._preparer, self._claim_told)
+            self._pool = None  # built again, with the binding conditions if any
             self._health = HealthBroadcaster(place.node, self.feed, self.device_names)
             self._follower = asyncio.create_task(self._follow_devices(),
                                                  name="DRA device follower")
@@ -321,6 +326,8 @@ class DraDriver:
                 watch = None
             if watch is not None and watch.held:
                 self._holds = asyncio.create_task(watch.run(), name="device-plugin holds")
+            if self._binding is not None:
+                self._binding.start(self.device_names)
             await publisher.run()
 
         self._publishing = asyncio.create_task(publish(), name="slice publisher")
@@ -330,6 +337,8 @@ class DraDriver:
         stops placing DRA claims on a node that no longer serves them."""
         task, self._publishing = self._publishing, None
         holds, self._holds = self._holds, None
+        if self._binding is not None:
+            await self._binding.stop()
         if holds is not None:
             holds.cancel()
             with contextlib.suppress(asyncio.CancelledError):
