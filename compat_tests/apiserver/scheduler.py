@@ -161,7 +161,7 @@ class BindingScheduler:
 
     def _event(self, namespace: str, pod: str, uid: str, kind: str, reason: str,
                note: str) -> None:
-        self.api.create({
+        self.api.events.create(namespace, {
             "apiVersion": "events.k8s.io/v1", "kind": "Event",
             "metadata": {"name": f"{pod}.{uuid.uuid4().hex[:16]}", "namespace": namespace},
             "eventTime": _rfc3339(time.time(), micro=True), "type": kind, "reason": reason,
