@@ -146,12 +146,12 @@ async def test_two_claims_on_one_card_at_once_never_interleave(binding: World) -
     world = binding
     results = [objects.result("fpga", DRIVER, NODE, DFL_PORT, bindingConditions=[READY],
                               bindingFailureConditions=[FAILED])]
-    config = [{"source": "FromClaim", "requests": ["fpga"], "opaque": {
+    config = [{"source": "FromClass", "requests": ["fpga"], "opaque": {
         "driver": DRIVER, "parameters": {"apiVersion": f"{DRIVER}/v1alpha1",
                                          "kind": "FpgaFunction", "afuID": NLB3,
                                          "image": "intel/nlb3.gbs"}}}]
     for name in ("a", "b"):
-        world.api.create_claim(NAMESPACE, name, [("fpga", INTEL)])
+        world.api.create_claim(NAMESPACE, name, [("fpga", DRIVER)])
     for name in ("a", "b"):
         world.api.set_claim_status(NAMESPACE, name, {"allocation": objects.allocation(
             results, node_name=NODE, config=config if name == "a" else ())})
