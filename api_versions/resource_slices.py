@@ -164,6 +164,9 @@ def device_shape(version: str, device: DraDevice, driver: str) -> Obj:
                        "effect": TAINT_EFFECT})
     if taints:
         fields["taints"] = taints
+    if device.binding_conditions:  # KEP-5007, in v1, v1beta2 and v1beta1's basic alike
+        fields["bindingConditions"] = list(device.binding_conditions)
+        fields["bindingFailureConditions"] = list(device.binding_failure_conditions)
     if version in WRAPPED_VERSIONS:
         return {"name": device.name, "basic": fields}
     return {"name": device.name, **fields}
@@ -225,3 +228,21 @@ def dropped_sharing(version: str, sent: Mapping[str, Any], stored: Mapping[str, 
     it has DRAConsumableCapacity off (alpha, off by default, in 1.34 and 1.35), drops the
     field on write, and its scheduler allocates those devices whole, one claim at a time."""
     return sorted(_shared_devices(version, sent) - _shared_devices(version, stored))
+
+
+def _bound_devices(version: str, slice_obj: Mapping[str, Any]) -> set[str]:
+    spec = slice_obj.get("spec")
+    devices = spec.get("devices") if isinstance(spec, Mapping) else None
+    return {str(device.get("name", "")) for device in (devices if isinstance(devices, list)
+                                                       else [])
+            if isinstance(device, Mapping) and device_fields(version, device).get(
+                "bindingConditions")}
+
+
+def dropped_binding(version: str, sent: Mapping[str, Any], stored: Mapping[str, Any]
+                    ) -> list[str]:
+    """The devices sent with ``bindingConditions`` that the server stored without them: it
+    has DRADeviceBindingConditions (or DRAResourceClaimDeviceStatus) off, as 1.34 and 1.35
+    do by default, drops the fields on write, and its scheduler binds pods without waiting:
+    their functions are then loaded at prepare."""
+    return sorted(_bound_devices(version, sent) - _bound_devices(version, stored))

@@ -125,15 +125,18 @@ class StandInTools:
 
 
 def write_stand_in_tools(directory: Path, node: FakeNode, *, delay: float = 0.0,
-                         fail: str | None = None) -> StandInTools:
-    """The four stand-in tools in ``directory``, acting on ``node``'s trees."""
+                         fail: str | None = None, fail_at: tuple[str, ...] = ()
+                         ) -> StandInTools:
+    """The four stand-in tools in ``directory``, acting on ``node``'s trees; ``fail_at``
+    (Intel card addresses) makes fpgaconf fail on those cards only."""
     directory.mkdir(parents=True, exist_ok=True)
     config = directory / "stand-in-tools.json"
     state = directory / "aws-slots.json"
     calls = directory / "calls.jsonl"
     config.write_text(json.dumps({
         "sysfs": str(node.sysfs_root), "dev": str(node.dev_root), "state": str(state),
-        "calls": str(calls), "delay": delay, "fail": fail}))
+        "calls": str(calls), "delay": delay, "fail": fail,
+        "fail_at": list(fail_at)}))
     paths = {}
     for tool in TOOLS:
         path = directory / tool
@@ -232,8 +235,9 @@ def _fpgaconf(config: dict[str, object], argv: list[str]) -> int:
     _bdf, card_dir, _interface = matches[0]
     port = next((p for p in sorted(card_dir.iterdir()) if (p / "id").is_file()
                  and (p / "id").read_text().strip() == "0"), None)
-    if config["fail"] or port is None:
-        why = config["fail"] or "Accelerator in use or not found"
+    fails = config["fail"] or (_bdf in config.get("fail_at", []) and "PR failed: timeout")
+    if fails or port is None:
+        why = fails or "Accelerator in use or not found"
         err(f"libopae-c reconf.c: Failed to reconfigure bitstream: {why}",
              "Error writing bitstream to FPGA: reconfiguration error")
         return 5

@@ -120,6 +120,13 @@ class DraDevice:
     """At least 2: the device is published for sharing (``allowMultipleAllocations`` and a
     :data:`CONTEXTS` capacity of that many, each share taking 1 unless it asks more);
     0: it is allocated whole."""
+    binding_conditions: tuple[str, ...] = ()
+    """Condition types the driver must set True in a claim's ``status.devices[]`` entry
+    before the scheduler binds the claim's pod (KEP-5007 ``bindingConditions``): a function
+    is loaded before the pod binds (:mod:`plugin.serving.dra.binding`); empty: none."""
+    binding_failure_conditions: tuple[str, ...] = ()
+    """Condition types whose True makes the scheduler give up this allocation and schedule
+    the pod again (``bindingFailureConditions``); set together with the above."""
 
     def __post_init__(self) -> None:
         if not is_dns_label(self.name):
@@ -143,7 +150,8 @@ class DraDevice:
     def __hash__(self) -> int:
         return hash((self.name, self.device_id, tuple(self.attributes.items()),
                      tuple(self.capacity.items()), self.healthy, self.health_reason,
-                     self.health_code, self.held_by, self.shared_contexts))
+                     self.health_code, self.held_by, self.shared_contexts,
+                     self.binding_conditions, self.binding_failure_conditions))
 
 
 @dataclass(frozen=True)

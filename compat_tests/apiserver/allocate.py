@@ -82,8 +82,10 @@ class AllocationError(Exception):
 
 
 def allocate_claim(api: ApiServerEmulator, namespace: str, name: str, node_name: str, *,
-                   class_config_requests: bool = True) -> Obj:
-    """Allocate claim ``namespace/name`` on ``node_name``; the claim as stored after."""
+                   class_config_requests: bool = True, status_extra: Obj | None = None) -> Obj:
+    """Allocate claim ``namespace/name`` on ``node_name``; the claim as stored after.
+    ``status_extra`` is written with the allocation (a scheduler's ``bindClaim`` writes the
+    pod's reservation and ``allocationTimestamp`` in the same update)."""
     claim = api.get("resourceclaims", name, namespace)
     if claim is None:
         raise AllocationError(f"resourceclaim {namespace}/{name} not found")
@@ -107,6 +109,7 @@ def allocate_claim(api: ApiServerEmulator, namespace: str, name: str, node_name:
         for driver, pool, device, taken in _pick(f"{namespace}/{name}", request["name"], exact,
                                                  device_class, candidates, state):
             extra: Obj = {}
+            extra.update(binding_of(api, candidates, (driver, pool, device)))
             if taken is not None:
                 extra["shareID"] = str(uuid.uuid4())
                 if taken:
@@ -121,8 +124,27 @@ def allocate_claim(api: ApiServerEmulator, namespace: str, name: str, node_name:
                                     config=class_config + claim_config)
     status = dict(claim.get("status") or {})
     status["allocation"] = allocation
+    for key, value in (status_extra or {}).items():
+        if key == "allocation":
+            allocation.update(value)
+        else:
+            status[key] = value
     updated: Obj = api.set_claim_status(namespace, name, status)
     return updated
+
+
+def binding_of(api: ApiServerEmulator, candidates: Sequence[tuple[str, str, Obj]],
+               key: tuple[str, str, str]) -> Obj:
+    """The device's binding conditions, which the allocator copies into its result when
+    DRADeviceBindingConditions and DRAResourceClaimDeviceStatus are on (dynamic-resource-
+    allocation ``structured/internal/stable/allocator.go``, ``allocateDevice``:
+    ``BindingConditions: device.BindingConditions``)."""
+    if not (api.model.enabled("DRADeviceBindingConditions")
+            and api.model.enabled("DRAResourceClaimDeviceStatus")):
+        return {}
+    device = next((d for dr, p, d in candidates if (dr, p, d["name"]) == key), {})
+    return {k: list(device[k]) for k in ("bindingConditions", "bindingFailureConditions")
+            if device.get(k)}
 
 
 DeviceKey = tuple[str, str, str]

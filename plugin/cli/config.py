@@ -65,6 +65,7 @@ from plugin.cli.validation import settings_problem
 from plugin.model.programming import (
     DEFAULT_MAX_IMAGE_BYTES,
     INTEL_LOADERS,
+    PROGRAM_AT,
     PROGRAMMING_MODES,
 )
 from plugin.model.replicas import MAX_REPLICAS
@@ -181,6 +182,10 @@ def _add_programming_flag(parser: OneLineParser) -> None:
     env.add("--program-timeout", default=DEFAULT_PROGRAM_TIMEOUT, convert=PROGRAM_TIMEOUT,
             help="seconds one load may take, until the device reports its new function "
                  f"({PROGRAM_TIMEOUT.describe()})")
+    env.add("--program-at", default="prepare", choices=PROGRAM_AT,
+            help="with --programming on (DRA, Kubernetes 1.36+): bind loads a claim's "
+                 "function while the scheduler waits to bind its pod, and a failed load "
+                 "sends the pod to another device; prepare loads it once the pod is bound")
 
 
 def _add_common_flags(parser: OneLineParser) -> None:

@@ -118,6 +118,9 @@ class Settings:
     fpga_load_local_image: Path = Path("/usr/bin/fpga-load-local-image")
     fpga_describe_local_image: Path = Path("/usr/bin/fpga-describe-local-image")
     program_timeout: float = DEFAULT_PROGRAM_TIMEOUT
+    program_at: str = "prepare"
+    """``bind``: with programming on, functions are loaded before pods bind (KEP-5007
+    binding conditions, :mod:`plugin.serving.dra.binding`); ``prepare``: at prepare."""
     stop_timeout: float = DEFAULT_STOP_TIMEOUT
     """How long a stopping DRA driver waits for its loads and clears
     (:mod:`plugin.serving.dra.stopping`)."""

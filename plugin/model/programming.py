@@ -20,6 +20,8 @@ from collections.abc import Callable
 from value_types.devices import Device
 
 PROGRAMMING_MODES = ("off", "on")
+PROGRAM_AT = ("prepare", "bind")
+"""``--program-at``: when a claim's function is loaded (before its pod binds, or at prepare)."""
 """Values of ``--programming``."""
 INTEL_LOADERS = ("ioctl", "fpgaconf")
 """Values of ``--intel-loader``."""

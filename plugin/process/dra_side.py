@@ -179,7 +179,7 @@ class DraSide:
             request_timeout=settings.api_request_timeout, stop_timeout=settings.stop_timeout,
             chosen_per_kubelet=settings.api == "auto", grants=grants_source(settings),
             kubelet_socket=settings.device_plugin_dir / KUBELET_SOCKET,
-            pod_resources_socket=settings.pod_resources_socket)
+            program_at=settings.program_at, pod_resources_socket=settings.pod_resources_socket)
         programmer = programmer_for(settings, self.quarantine or Quarantine(None),
                                     lambda: feed.current, self._rescan, self._programmed,
                                     self._loaders)

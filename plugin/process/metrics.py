@@ -83,6 +83,12 @@ class _Prometheus:
             "device to report it), refused (wrong image, not programmable, held by another "
             "claim).", ["driver", "family", "loader", "result"], namespace=NAMESPACE,
         )
+        self.dra_binding = prom.Counter(
+            "dra_binding", "Claims whose function was given before their pods bound "
+            "(--program-at bind), by result: ready (FunctionReady set), failed "
+            "(FunctionFailed set: the scheduler moves the pod), abandoned (deallocated "
+            "before the answer).", ["driver", "result"], namespace=NAMESPACE,
+        )
         self.dra_programming_seconds = prom.Histogram(
             "dra_programming_seconds", "Time from the decision to load a function until the "
             "device reported it, for loads that succeeded.", ["driver", "family", "loader"],
@@ -214,6 +220,12 @@ def dra_programming(driver: str, family: str, loader: str, result: str,
         _active.dra_programming.labels(driver, family, loader, result).inc()
         if result == "loaded":
             _active.dra_programming_seconds.labels(driver, family, loader).observe(seconds)
+
+
+def dra_binding(driver: str, result: str) -> None:
+    """One claim answered before its pod bound (see ``dra_binding``)."""
+    if _active is not None:
+        _active.dra_binding.labels(driver, result).inc()
 
 
 def devices_load_failed(count: int) -> None:

@@ -55,7 +55,7 @@ DRA_OVERLAY, _ = KUSTOMIZATIONS["dra"]
 MINIMUM_RULES = {
     (RESOURCE_GROUP, "resourceslices"): {"get", "list", "watch", "create", "update", "patch",
                                          "delete"},
-    (RESOURCE_GROUP, "resourceclaims"): {"get"},
+    (RESOURCE_GROUP, "resourceclaims"): {"get", "list", "watch"},
     (RESOURCE_GROUP, "resourceclaims/status"): {"patch"},
     (RESOURCE_GROUP, "resourceclaims/driver"): {"associated-node:patch"},
     (RESOURCE_GROUP, "deviceclasses"): {"get", "list", "watch"},

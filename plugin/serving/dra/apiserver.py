@@ -162,8 +162,7 @@ class ApiServer:
     async def get_node(self, node: str) -> dict[str, Any]:
         return _plain(await self._call(self._client.get(NODES, node)))
 
-    async def get_namespace(self, name: str) -> dict[str, Any]:
-        """A Namespace, for the grant labels an admin put on it."""
+    async def get_namespace(self, name: str) -> dict[str, Any]:  # its labels: the grants
         return _plain(await self._call(self._client.get(NAMESPACES, name)))
 
     async def config_maps(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
@@ -242,6 +241,29 @@ class ApiServer:
             return found
 
         return await self._in_served_version(in_version)
+
+    async def list_claims(self) -> tuple[list[dict[str, Any]], str]:
+        """Every claim of every namespace (no field selector narrows claims to a node or a
+        driver), each with its ``apiVersion``, and the list's resourceVersion."""
+
+        async def in_version(version: str) -> tuple[list[dict[str, Any]], str]:
+            listing = self._client.list(self._resource(
+                version, "ResourceClaim", "resourceclaims", namespaced=True), namespace="*")
+            items = [_versioned(_plain(o), version)
+                     async for o in _guard(listing, self._forget_on_404)]
+            return items, str(listing.resourceVersion)
+
+        return await self._in_served_version(in_version)
+
+    async def watch_claims(self, resource_version: str,
+                           ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """Changes to any claim after ``resource_version`` (as :meth:`watch_slices`)."""
+        version = await self.resource_version()
+        events = self._client.watch(self._resource(version, "ResourceClaim", "resourceclaims",
+                                                   namespaced=True),
+                                    namespace="*", resource_version=resource_version)
+        async for kind, obj in _guard(events, self._forget_on_404):
+            yield kind, _versioned(_plain(obj), version)
 
     async def apply_claim_status(self, build: Callable[[str], dict[str, Any]],
                                  field_manager: str) -> dict[str, Any]:
@@ -417,20 +439,12 @@ def _plain(obj: Any) -> dict[str, Any]:
     return obj.to_dict() if hasattr(obj, "to_dict") else dict(obj)
 
 
+def _versioned(obj: dict[str, Any], version: str) -> dict[str, Any]:
+    return {"apiVersion": f"{GROUP}/{version}", **obj}
+
+
 __all__: Sequence[str] = (
-    "BACKOFF_INITIAL",
-    "BACKOFF_MAX",
-    "NODES",
-    "ApiFailure",
-    "ApiRefused",
-    "ApiServer",
-    "ApiUnavailable",
-    "Conflict",
-    "Gone",
-    "NoResourceApi",
-    "NotFound",
-    "load_config",
-    "new_client",
-    "retry_pause",
-    "translate",
+    "BACKOFF_INITIAL", "BACKOFF_MAX", "NODES", "ApiFailure", "ApiRefused", "ApiServer",
+    "ApiUnavailable", "Conflict", "Gone", "NoResourceApi", "NotFound", "load_config", "new_client",
+    "retry_pause", "translate",
 )

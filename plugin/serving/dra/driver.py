@@ -23,9 +23,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 
 from api_versions.claim_status import status_apply
 from api_versions.device_classes import extended_resource_names
@@ -44,10 +42,11 @@ from plugin.model.held import (
 )
 from plugin.model.programming import never
 from plugin.process import metrics
-from plugin.programming.guarded import GrantsSource
 from plugin.programming.outcome import Outcome
 from plugin.programming.programmer import Programmer
-from plugin.serving.dra.apiserver import REQUEST_TIMEOUT, ApiFailure, ApiServer
+from plugin.serving.dra.apiserver import ApiFailure, ApiServer
+from plugin.serving.dra.binding_conditions import with_binding_conditions
+from plugin.serving.dra.binding_watch import BindingSide
 from plugin.serving.dra.checkpoint import ClaimCheckpoint
 from plugin.serving.dra.claim_cdi import ClaimSpecs, accelerator_env
 from plugin.serving.dra.claim_status import ClaimStatusReporter, NodeConditions
@@ -57,12 +56,13 @@ from plugin.serving.dra.function_audit import Auditor, ClaimTold
 from plugin.serving.dra.function_grants import FunctionGrants, held_on
 from plugin.serving.dra.health import HealthBroadcaster
 from plugin.serving.dra.inventory import pool_of
+from plugin.serving.dra.place import DriverPlace
 from plugin.serving.dra.prepare import ClaimPreparer
 from plugin.serving.dra.publisher import SlicePublisher
 from plugin.serving.dra.service import DraNodeService
 from plugin.serving.dra.share_setting import FamilyShare
 from plugin.serving.dra.sharing import DRAINING, Sharing
-from plugin.serving.dra.stopping import DEFAULT_STOP_TIMEOUT, finish_work
+from plugin.serving.dra.stopping import finish_work
 from plugin.serving.holds import HoldWatch
 from plugin.serving.routing import FileIdentity, identity
 from value_types.claims import ClaimAllocation, ClaimRef, DeviceStatusReport
@@ -71,32 +71,6 @@ from value_types.pool import Pool
 log = logging.getLogger(__name__)
 
 CHECKPOINT_FILE = "claims.jsonl"
-
-
-@dataclass(frozen=True)
-class DriverPlace:
-    """Where one node's driver lives: its names and its directories."""
-
-    driver: str
-    node: str
-    registry_dir: Path
-    state_dir: Path
-    cdi_dir: Path
-    kubeconfig: Path | None = None
-    request_timeout: float = REQUEST_TIMEOUT
-    """``--api-request-timeout``: how long one API server call may take."""
-    chosen_per_kubelet: bool = False
-    """``--api auto``: a kubelet refusing the driver is one of the expected answers."""
-    kubelet_socket: Path | None = None
-    """The device-plugin ``kubelet.sock``, which every kubelet start makes anew: what tells
-    one kubelet instance from the next (``--api auto``)."""
-    stop_timeout: float = DEFAULT_STOP_TIMEOUT
-    """``--stop-timeout``: how long a stop waits for the loads and clears under way."""
-    pod_resources_socket: Path | None = None
-    """The kubelet's PodResources socket: devices containers still hold through the device
-    plugin are published tainted, and prepared for no claim, until released (None: not
-    asked, every device offered)."""
-    grants: GrantsSource | None = None  # --function-grants (None: nothing guarded)
 
 
 class DraDriver:
@@ -141,6 +115,7 @@ class DraDriver:
         self._preparer: ClaimPreparer | None = None
         self._health: HealthBroadcaster | None = None
         self._status: ClaimStatusReporter | None = None
+        self._binding: BindingSide | None = None
         self._follower: asyncio.Task[None] | None = None
         self._publishing: asyncio.Task[None] | None = None
         self.publisher: SlicePublisher | None = None
@@ -168,6 +143,8 @@ class DraDriver:
                                      if self.programmer is not None else never,
                                      guarded=self.grants.publishes_guarded
                                      if self.grants is not None else never)
+                if self._binding is not None:
+                    self._pool = with_binding_conditions(self._pool)
             self._pool_made_of = (*made_of, shared, draining)
         return self._pool
 
@@ -238,6 +215,8 @@ class DraDriver:
                 published_shares=lambda: self.sharing.shared_as)  # as published_contexts
             self._preparer.functions.grants = self.grants
             metrics.follow_dra_prepared_claims(place.driver, checkpoint.held)
+            self._binding = BindingSide.of(place, api, self._preparer, self._claim_told)
+            self._pool = None  # built again, with the binding conditions if any
             self._health = HealthBroadcaster(place.node, self.feed, self.device_names)
             self._follower = asyncio.create_task(self._follow_devices(),
                                                  name="DRA device follower")
@@ -327,6 +306,8 @@ class DraDriver:
                 watch = None
             if watch is not None and watch.held:
                 self._holds = asyncio.create_task(watch.run(), name="device-plugin holds")
+            if self._binding is not None:
+                self._binding.start(self.device_names)
             await asyncio.gather(publisher.run(), *[g.run() for g in (self.grants,) if g])
 
         self._publishing = asyncio.create_task(publish(), name="slice publisher")
@@ -336,6 +317,8 @@ class DraDriver:
         stops placing DRA claims on a node that no longer serves them."""
         task, self._publishing = self._publishing, None
         holds, self._holds = self._holds, None
+        if self._binding is not None:
+            await self._binding.stop()
         if holds is not None:
             holds.cancel()
             with contextlib.suppress(asyncio.CancelledError):

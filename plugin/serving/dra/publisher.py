@@ -39,7 +39,7 @@ from api_versions.k8s_objects import (
     pool_generation_of,
     resource_version_of,
 )
-from api_versions.resource_slices import dropped_sharing, dropped_taints
+from api_versions.resource_slices import dropped_binding, dropped_sharing, dropped_taints
 from plugin.model.allocation import name_some
 from plugin.process import metrics
 from plugin.serving.dra.apiserver import (
@@ -92,6 +92,8 @@ class SlicePublisher:
         self._taints = True
         self._sharing_said: str | None = None
         """The resource.k8s.io version a dropped ``allowMultipleAllocations`` was said for."""
+        self._binding_said: str | None = None
+        """The same for dropped ``bindingConditions`` (``--program-at bind``)."""
         self._node_uid: str | None = None
         self._state: object = None
         """What kind of failure was said last (None: publishing works)."""
@@ -223,6 +225,7 @@ class SlicePublisher:
                 self._taints = False
                 self._wanted.set()
             self._say_dropped_sharing(version, dropped_sharing(version, obj, stored_obj))
+            self._say_dropped_binding(version, dropped_binding(version, obj, stored_obj))
         for extra in existing[len(wanted):]:
             await self._api.delete_slice(name_of(extra))
         self._written = written
@@ -246,6 +249,19 @@ class SlicePublisher:
                     "%s; DRAConsumableCapacity off, the default before Kubernetes 1.36): "
                     "they are allocated whole, one claim at a time, and --dra-share shares "
                     "nothing there", name_some(dropped), version)
+
+    def _say_dropped_binding(self, version: str, dropped: list[str]) -> None:
+        """Warn, once per server version, that ``--program-at bind`` cannot work there: the
+        server dropped the binding conditions, so its scheduler binds at once and functions
+        are loaded at prepare, as with ``--program-at prepare`` (nothing else to do)."""
+        if not dropped or self._binding_said == version:
+            return
+        self._binding_said = version
+        log.warning("the API server dropped bindingConditions from %s (resource.k8s.io/%s; "
+                    "DRADeviceBindingConditions or DRAResourceClaimDeviceStatus off, the "
+                    "default before Kubernetes 1.36): --program-at bind has no effect there, "
+                    "functions are loaded at prepare and a failed load does not move the pod",
+                    name_some(dropped), version)
 
     def _adopt(self, version: str, content: Any, existing: list[Any]) -> bool:
         """Take over the pool as it stands if it is exactly what this instance would write.
