@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import string
+import sys
 from typing import Any
 
 import pytest
@@ -127,3 +128,20 @@ def test_the_service_answers_a_malformed_request_with_a_refusal() -> None:
     assert answer["ok"] is False and answer["step"] == protocol.REQUEST_STEP
     assert "nested too deeply" in answer["detail"]
     assert set(string.printable) >= set(json.dumps(answer))
+
+
+def test_deep_nesting_is_refused_whatever_stack_the_caller_has() -> None:
+    # The parser's own limit follows the interpreter's recursion limit, which a process
+    # (a test runner's worker, say) may have raised: the refusal must not depend on it.
+    before = sys.getrecursionlimit()
+    sys.setrecursionlimit(20000)
+    try:
+        with pytest.raises(BadRequest, match="nested too deeply"):
+            parse_request(b'{"":' * 1300 + b"1" + b"}" * 1300)
+        with pytest.raises(BadRequest, match="nested too deeply"):
+            parse_request(b'{"v": 1, "op": "inventory", "x": [[[[[[[[[1]]]]]]]]]}')
+    finally:
+        sys.setrecursionlimit(before)
+    # Brackets inside a string are not nesting: refused for what it is, an unknown field.
+    with pytest.raises(BadRequest, match="unknown field"):
+        parse_request(b'{"v": 1, "op": "inventory", "x": "[[[[[[[[[[[["}')

@@ -7,9 +7,9 @@ The real ``serve`` process behind them is in ``compat_tests/test_probes.py``.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import socket
 import threading
-import time
 import urllib.error
 import urllib.request
 from types import SimpleNamespace
@@ -184,10 +184,12 @@ async def test_a_question_for_a_wedged_loop_is_answered_503_in_time() -> None:
     loop = asyncio.get_running_loop()
     ask = on_loop(loop, lambda: Verdict(True, "on the loop"), wait=0.5)
     assert await asyncio.to_thread(ask) == Verdict(True, "on the loop")
-    asked = loop.run_in_executor(None, ask)
-    await asyncio.sleep(0)  # let the executor pick it up
-    time.sleep(1.0)  # the loop is wedged for longer than the question may wait
-    assert await asked == Verdict(False, "the event loop did not answer within 0.5 s")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        asked = pool.submit(ask)
+        # The loop is wedged until the question is answered: however late its thread
+        # starts, the loop cannot answer it, and only the question's own wait ends it.
+        answer = asked.result(timeout=60)
+    assert answer == Verdict(False, "the event loop did not answer within 0.5 s")
 
 
 # -- flags ----------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from plugin.serving.files import replace_atomically
+from plugin.process.files import replace_atomically
 from value_types.devices import Device
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import MappingProxyType
 
-from plugin.serving.files import replace_atomically
+from plugin.process.files import replace_atomically
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from plugin.process.files import replace_atomically
 from plugin.programming.function_config import FunctionSpec
-from plugin.serving.files import replace_atomically
 
 log = logging.getLogger(__name__)
 

@@ -59,7 +59,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from plugin.serving.files import replace_atomically
+from plugin.process.files import replace_atomically
 from value_types.devices import Device, DeviceSet
 
 log = logging.getLogger(__name__)

@@ -37,6 +37,8 @@ OPS = ("load", "loaded", "inventory")
 REQUEST_STEP = "loader request"
 """The step a refused request names."""
 MAX_TIMEOUT = 3600.0
+MAX_NESTING = 8
+"""Levels of arrays and objects a request may nest (a good one has one: itself)."""
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9:._-]{0,252}")
 _FUNCTION = re.compile(r"[A-Za-z0-9-]{1,64}")
 """Both matched whole (``fullmatch``): ``$`` would let a trailing newline through."""
@@ -76,6 +78,9 @@ def parse_request(data: bytes) -> Request:
     else, whatever the bytes (a malformed request is a refusal, never a crash)."""
     if len(data) > MAX_REQUEST:
         raise BadRequest(f"request is over {MAX_REQUEST} bytes")
+    if _nesting(data) > MAX_NESTING:
+        raise BadRequest(f"request is not a JSON object: nested too deeply (over "
+                         f"{MAX_NESTING} levels)")
     try:
         body = json.loads(data.decode("utf-8"), parse_constant=_no_constant,
                           object_pairs_hook=_no_repeats)
@@ -114,6 +119,29 @@ def parse_request(data: bytes) -> Request:
     request = Request(op=op, device=body.get("device"), function_id=body.get("function_id"),
                       image=body.get("image"), sha256=body.get("sha256"), timeout=timeout)
     return _checked(request)
+
+
+def _nesting(data: bytes) -> int:
+    """How deep ``data``'s arrays and objects nest, strings skipped: found before parsing,
+    so how deep the parser may go never depends on the stack the caller has left."""
+    deepest = depth = 0
+    in_string = escaped = False
+    for byte in data:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in (0x5D, 0x7D):  # ] }
+            depth -= 1
+    return deepest
 
 
 def _no_constant(name: str) -> object:

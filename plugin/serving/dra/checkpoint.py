@@ -68,6 +68,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
 
+from plugin.process.files import replace_atomically
 from plugin.serving.dra.checkpoint_format import (
     FORMAT_MINOR,
     FORMAT_VERSION,
@@ -81,7 +82,6 @@ from plugin.serving.dra.checkpoint_format import (
 )
 from plugin.serving.dra.holdings import DeviceHoldings, holdings_of, holds_a_share
 from plugin.serving.dra.prepared import PreparedClaim
-from plugin.serving.files import replace_atomically
 from plugin.version import VERSION
 
 log = logging.getLogger(__name__)

@@ -42,8 +42,8 @@ from plugin.model.allocation import (
     ENV_UNITS,
     UNITS_BACKEND,
 )
+from plugin.process.files import replace_atomically
 from plugin.serving.cdi import device_name, kind_of
-from plugin.serving.files import replace_atomically
 from value_types.devices import DeviceSet
 
 log = logging.getLogger(__name__)

@@ -44,8 +44,9 @@ class ClaimClears:
         self.taken_over = False
 
     def asked_by(self, known: Mapping[str, PreparedClaim]) -> list[PendingClear]:
-        """The clears unpreparing ``known`` (UID -> recorded claim) together asks for."""
-        if self.programmer is None:
+        """The clears unpreparing ``known`` (UID -> recorded claim) together asks for: none
+        when nothing is known (the checkpoint cannot be read, and is not read here)."""
+        if self.programmer is None or not known:
             return []
         others = [c for c in self.checkpoint.claims.values() if c.ref.uid not in known]
         clears: dict[str, PendingClear] = {}

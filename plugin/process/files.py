@@ -1,9 +1,12 @@
 """Files a reader must see whole: written beside their place, then renamed over it.
 
-Container runtimes read CDI specs while the plugin rewrites them, and the DRA driver reads its
-checkpoint after a restart at any instant: both must see the old content or the new, never a
-part. A temporary file in the same directory (same file system, so the rename is atomic),
-named ``.<name>.<random>.tmp`` so that readers globbing ``*.json`` skip it, then ``rename``.
+Container runtimes read CDI specs while the plugin rewrites them, the DRA driver reads its
+checkpoint after a restart at any instant, and the driver and the ``loader`` process read each
+other's card records: each must see the old content or the new, never a part. Here, below
+both serving and programming, so the privileged loader writes its records without importing
+any serving code. A temporary file in the same directory (same file system, so the rename
+is atomic), named ``.<name>.<random>.tmp`` so that readers globbing ``*.json`` skip it, then
+``rename``.
 """
 
 from __future__ import annotations
