@@ -145,3 +145,54 @@ async def test_a_clear_cut_off_by_the_loader_dying_quarantines_the_port(
         assert world.plugin.alive
         pending = json.loads((sockdir / "state" / "pending-clears.json").read_text())
         assert pending == {"clears": {}}
+
+
+@pytest.fixture
+async def plain(tmp_path: Path, sockdir: Path, logdir: Path) -> AsyncIterator[World]:
+    async for world in running(tmp_path, sockdir, logdir):
+        yield world
+
+
+async def test_a_driver_killed_in_the_middle_of_a_clear_runs_it_again_before_the_next_claim(
+        plain: World, tmp_path: Path, sockdir: Path) -> None:
+    """``serve`` with its loaders in-process, killed (SIGKILL) while the clear's tool is
+    writing the card: the clear stays pending and the card's intent record stays, so the
+    restarted driver neither offers the port as it is nor lets a claim have it before the
+    clear has run again to its end."""
+    world = plain
+    write_image(world.library, "intel/nlb0.gbs", build_gbs(
+        afu_ids=(NLB0_AFU_ID,), interface_id=dashed(DEFAULT_INTERFACE_ID)))
+    first = world.claim("first", DFL_PORT, CLEARING)
+    result = await world.prepare(first)
+    assert result.ok, result.error
+    write_stand_in_tools(tmp_path / "tools", world.node, delay=4.0)  # a slow clear
+    assert world.kubelet.dra is not None
+    assert (await world.kubelet.dra.unprepare([first])).ok
+    await until(lambda: len(world.tools.invocations("fpgaconf")) == 2, "the clear begun")
+    world.plugin.kill()  # SIGKILL, mid-clear
+    pending = json.loads((sockdir / "state" / "pending-clears.json").read_text())
+    assert len(pending["clears"]) == 1, pending  # not over: still to be done
+
+    world.plugin = world.restart("plugin-again")
+    dra = world.kubelet.dra
+    await dra.wait_until(lambda: dra.endpoints(DRIVER), 15.0, "registered again")
+    second = world.claim("second", DFL_PORT)
+    refusals: list[str] = []
+    for _ in range(600):  # the kubelet calls again while the driver answers an error
+        outcome = await dra.prepare([second])
+        if outcome.results and outcome.results[0].ok:
+            break
+        if outcome.results and outcome.results[0].answered:
+            refusals.append(outcome.results[0].error)
+        assert world.plugin.alive
+        await asyncio.sleep(0.05)
+    else:
+        raise AssertionError(f"never prepared: {refusals[-1:]}")
+    assert refusals, "the port was handed out before its clear ran again"
+    assert _afu_id(world) == NLB0, "the next claim got the previous tenant's function"
+    # The load, the clear cut off by the kill, and the clear run again to its end.
+    assert len(world.tools.invocations("fpgaconf")) == 3
+    assert json.loads((sockdir / "state" / "pending-clears.json").read_text()) == \
+        {"clears": {}}
+    await until(lambda: not world.published()[DFL_PORT]["taints"],
+                "the port offered again, its state known")
