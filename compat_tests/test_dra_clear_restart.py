@@ -34,6 +34,7 @@ from compat_tests.test_dra_programming_serve import (
     running,
 )
 from plugin.programming.ids import dashed
+from value_types.claims import ClaimRef
 
 NLB0 = NLB0_AFU_ID.replace("-", "")
 CLEARING = function(afuID=NLB3_AFU_ID, image="intel/nlb3.gbs",
@@ -98,23 +99,28 @@ async def test_a_clear_cut_off_by_a_kill_runs_before_the_next_claim_gets_the_por
     await dra.wait_until(lambda: dra.endpoints(DRIVER), 15.0, "registered again")
     # The next tenant, naming no function, placed on the port at once (the scheduler still
     # sees the old slice): it is never answered before the clear has run.
-    second = world.claim("second", DFL_PORT)
-    refusals: list[str] = []
-    for _ in range(400):  # the kubelet calls again while the driver answers an error
-        outcome = await dra.prepare([second])
-        if outcome.results and outcome.results[0].ok:
-            break
-        if outcome.results and outcome.results[0].answered:
-            refusals.append(outcome.results[0].error)
-        assert world.plugin.alive
-        await asyncio.sleep(0.05)
-    else:
-        raise AssertionError(f"never prepared: {refusals[-1:]}")
+    refusals = await _prepared_at_last(world, world.claim("second", DFL_PORT))
     assert _afu_id(world) == NLB0, "the next claim got the previous tenant's function"
     assert len(world.tools.invocations("fpgaconf")) == 2
     assert all("still being cleared" in error for error in refusals), refusals
     text = world.plugin.text()
     assert "was cut off" in text and "clearing after claim" in text
+
+
+async def _prepared_at_last(world: World, claim: ClaimRef) -> list[str]:
+    """Prepare ``claim`` as the kubelet does, calling again while the driver answers an
+    error (for at most 30 s); the errors it answered meanwhile."""
+    assert world.kubelet.dra is not None
+    refusals: list[str] = []
+    for _ in range(600):
+        outcome = await world.kubelet.dra.prepare([claim])
+        if outcome.results and outcome.results[0].ok:
+            return refusals
+        if outcome.results and outcome.results[0].answered:
+            refusals.append(outcome.results[0].error)
+        assert world.plugin.alive
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"never prepared: {refusals[-1:]}")
 
 
 def _afu_id(world: World) -> str:
@@ -176,18 +182,7 @@ async def test_a_driver_killed_in_the_middle_of_a_clear_runs_it_again_before_the
     world.plugin = world.restart("plugin-again")
     dra = world.kubelet.dra
     await dra.wait_until(lambda: dra.endpoints(DRIVER), 15.0, "registered again")
-    second = world.claim("second", DFL_PORT)
-    refusals: list[str] = []
-    for _ in range(600):  # the kubelet calls again while the driver answers an error
-        outcome = await dra.prepare([second])
-        if outcome.results and outcome.results[0].ok:
-            break
-        if outcome.results and outcome.results[0].answered:
-            refusals.append(outcome.results[0].error)
-        assert world.plugin.alive
-        await asyncio.sleep(0.05)
-    else:
-        raise AssertionError(f"never prepared: {refusals[-1:]}")
+    refusals = await _prepared_at_last(world, world.claim("second", DFL_PORT))
     assert refusals, "the port was handed out before its clear ran again"
     assert _afu_id(world) == NLB0, "the next claim got the previous tenant's function"
     # The load, the clear cut off by the kill, and the clear run again to its end.
