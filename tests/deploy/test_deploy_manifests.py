@@ -68,11 +68,13 @@ KINDS_OF = {
     "metrics": ["Service"],
     "monitoring": ["ServiceMonitor", "PrometheusRule"],
     "function-admission": ["ConfigMap", "ValidatingAdmissionPolicy",
-                           "ValidatingAdmissionPolicyBinding", "ValidatingAdmissionPolicyBinding"],
+                           "ValidatingAdmissionPolicyBinding", "ValidatingAdmissionPolicyBinding",
+                           "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"],
 }
 """What each component adds besides its DaemonSet patch. Only the serviceaccount component
-(which dra brings) gives the pods an identity, and only dra and events grant it anything:
-without them the plugin never calls the API server."""
+(which dra brings) gives the pods an identity, and only dra, events and function-admission
+(the driver reads Namespaces' grants and the catalogue) grant it anything: without them the
+plugin never calls the API server."""
 
 
 def oldest(name: str) -> str:
@@ -100,7 +102,7 @@ def test_kustomization_renders_one_daemonset_in_kube_system(rendered, name):
     for obj in objects:
         # Namespaced objects beside the DaemonSet; cluster-scoped ones without a namespace.
         namespaced = obj["kind"] in ("ServiceAccount", "DaemonSet", "Service", "ServiceMonitor",
-                                     "PrometheusRule", "ConfigMap")
+                                     "PrometheusRule", "ConfigMap", "Role", "RoleBinding")
         assert obj["metadata"].get("namespace") == ("kube-system" if namespaced else None), obj
     selector = ds["spec"]["selector"]["matchLabels"]
     labels = ds["spec"]["template"]["metadata"]["labels"]
