@@ -9,7 +9,8 @@ configuration; at NodePrepareResources the driver checks the GBS, loads it into 
 through the FME's port-PR ioctl, waits until the port reports nlb0, and only then answers.
 Then what a shared cluster's admin relies on: a tenant's claim naming a function the class
 does not list is refused, and so is an image whose bytes are not the ones the class pins;
-both leave the card untouched and say why on the claim.
+both leave the card untouched and say why on the claim. Last, with ``--program-at bind``,
+a load that fails on the first card moves the pod to another (:mod:`.demo_program_bind`).
 
 The ioctl is the one thing not real: a stand-in (:mod:`compat_tests.fake_port_pr`) checks
 the request number, the struct and the very bitstream bytes against the kernel header's
@@ -30,6 +31,7 @@ from api_versions.retry import RetryPolicy
 from compat_tests.apiserver import ApiServerEmulator, objects
 from compat_tests.apiserver.allocate import extended_resource_claim
 from compat_tests.demo import _until, say, section, show_container, told_in
+from compat_tests.demo_program_bind import bind_scene
 from compat_tests.dra_support import wiper
 from compat_tests.fake_port_pr import FakePortPr
 from compat_tests.fake_sysfs import DEFAULT_INTERFACE_ID, FakeNode
@@ -136,7 +138,8 @@ async def _story(root: Path) -> None:
 
         section("The plugin is stopped")
         say(f"  exit code {await world.stop()}")
-        say()
+    await bind_scene(root, gbs, CLASS_FILE, nlb3)
+    say()
 
 
 @dataclass

@@ -181,6 +181,25 @@ def test_programming_demo_loads_the_function_a_pod_asks_for() -> None:
     assert "its configuration pins; nothing was loaded" in out
     assert "Warning  ImageDigestMismatch  digest_mismatch" in out
     assert out.count("loads this time: 0; the port is untouched and healthy") == 2
+    # --program-at bind: the first card's load fails, the pod moves to the second card.
+    scene = out[out.index("Loading before the pod binds (--program-at bind)"):]
+    assert scene.count("bindingConditions ['accelerator.b-com.com/FunctionReady'], "
+                       "bindingFailureConditions ['accelerator.b-com.com/FunctionFailed']") == 2
+    events = re.findall(r"^    (?:Normal|Warning) +(\w+) +(\w+) ", scene, re.MULTILINE)
+    assert [r for r, kind in events if kind == "Pod"] == [
+        "BindingConditionsPending", "FailedScheduling", "BindingConditionsPending"]
+    assert sorted(r for r, kind in events if kind == "ResourceClaim") == [
+        "FunctionLoadFailed", "FunctionLoaded"]
+    assert "FunctionFailed on pci-0000-3b-00-0, as PreBind read it: claim moved binding " \
+        "failed: reason=FunctionNotGiven" in scene and "port-PR ioctl: Input/output" in scene
+    assert "allocations tried: pci-0000-3b-00-0 then pci-0000-d8-00-0; bound: True" in scene
+    assert "pci-0000-3b-00-0 tainted: accelerator.b-com.com/unhealthy=load-failed:NoSchedule" \
+        in scene
+    assert "claim status, pci-0000-d8-00-0: accelerator.b-com.com/FunctionReady=True " \
+        "(Loaded)" in scene
+    assert "(loads at prepare: 0; before binding: 1 failed, 1 good)" in scene
+    assert "the container gets ACCELERATOR_DEVICES=0000:d8:00.0" in scene
+    assert "the plugin stopped, exit code 0" in scene
 
 
 def test_sharing_demo_puts_three_pods_on_one_port_and_refuses_a_fourth_and_a_reload() -> None:
