@@ -9,7 +9,8 @@ compromised driver could:
 * a load queued behind another on one card is dropped when its client hangs up, and one
   whose budget went on the wait is refused untouched: the tool runs for neither;
 * ``loader --require-image-digest`` refuses an unpinned image on its own;
-* the process imports no gRPC, HTTP or Kubernetes client and none of the serving code.
+* the process imports no gRPC, HTTP or Kubernetes client, none of the serving code, and no
+  asyncio.
 """
 
 from __future__ import annotations
@@ -35,9 +36,11 @@ NLB3 = NLB3_AFU_ID.replace("-", "")
 PORT0 = "0000:3b:00.0"
 FORBIDDEN = ("grpc", "google", "aiohttp", "lightkube", "httpx", "kubernetes",
              "prometheus_client", "api_versions", "plugin.serving", "plugin.process.daemon",
-             "plugin.process.metrics", "plugin.programming.programmer", "yaml")
+             "plugin.process.metrics", "plugin.programming.programmer", "yaml", "asyncio",
+             "ssl")
 """Modules (and their submodules) the privileged process must never hold: the RPC and API
-clients, metrics, the serving code and the driver's programmer; yaml only comes with
+clients, metrics, the serving code and the driver's programmer; asyncio (and the ssl it
+imports), a third of its memory, since it serves with threads; yaml only comes with
 --config, which these runs do not give."""
 
 
@@ -196,3 +199,17 @@ def test_the_loader_holds_no_client_and_no_serving_code(loader: Loader) -> None:
     assert "plugin.programming.remote.server" in modules  # what it is there for
     held = [m for m in modules if any(m == f or m.startswith(f + ".") for f in FORBIDDEN)]
     assert held == []
+
+
+def test_sigterm_finishes_the_load_under_way(start: Callable[..., Loader]) -> None:
+    """The kubelet stopping the loader mid-load: the load runs to its end and is answered,
+    new connections are no longer taken, and the process exits cleanly."""
+    loader = start(delay=1.5)
+    first = loader.send(load(PORT0))
+    while not loader.tools.invocations("fpgaconf"):
+        time.sleep(0.02)  # the load is under way on the card
+    loader.process.send_signal(signal.SIGTERM)
+    assert answer_on(first)["ok"] is True
+    assert loader.process.wait(30) == 0
+    assert not loader.socket.exists()
+    assert "loader: stopped" in loader.messages()

@@ -16,7 +16,9 @@ import json
 import os
 import socket
 import stat
-from collections.abc import AsyncIterator
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -122,8 +124,8 @@ def answer_of(data: bytes) -> dict[str, object]:
     return json.loads(data)
 
 
-async def test_the_service_loads_a_library_image_onto_its_own_device(service, node, port_pr):
-    answer = answer_of(await service.answer(load_request()))
+def test_the_service_loads_a_library_image_onto_its_own_device(service, node, port_pr):
+    answer = answer_of(service.answer(load_request()))
     assert answer == {"ok": True, "loader": "ioctl"}
     assert len(port_pr.calls) == 1 and afu(node) == NLB3
 
@@ -134,60 +136,73 @@ async def test_the_service_loads_a_library_image_onto_its_own_device(service, no
     ("escape.gbs", "outside the image library"),
     ("missing.gbs", "is not in the image library"),
 ])
-async def test_the_service_refuses_a_path_outside_the_library(service, node, port_pr, image,
-                                                              words):
+def test_the_service_refuses_a_path_outside_the_library(service, node, port_pr, image,
+                                                        words):
     before = afu(node)
-    answer = answer_of(await service.answer(load_request(image=image)))
+    answer = answer_of(service.answer(load_request(image=image)))
     assert answer["ok"] is False and answer["touched"] is False
     assert answer["step"] == "check image" and words in str(answer["detail"])
     assert port_pr.calls == [] and afu(node) == before
 
 
-async def test_the_service_refuses_a_device_that_is_not_on_the_node(service, port_pr):
-    answer = answer_of(await service.answer(load_request(device="0000:99:00.0")))
+def test_the_service_refuses_a_device_that_is_not_on_the_node(service, port_pr):
+    answer = answer_of(service.answer(load_request(device="0000:99:00.0")))
     assert answer["ok"] is False and answer["touched"] is False
     assert "0000:99:00.0 is not on this node" in str(answer["detail"])
     assert port_pr.calls == []
 
 
-async def test_the_service_refuses_a_digest_mismatch(service, node, port_pr, library):
+def test_the_service_refuses_a_digest_mismatch(service, node, port_pr, library):
     actual = hashlib.sha256((library.root / "nlb3.gbs").read_bytes()).hexdigest()
-    answer = answer_of(await service.answer(load_request(sha256="1" * 64)))
+    answer = answer_of(service.answer(load_request(sha256="1" * 64)))
     assert answer["ok"] is False and answer["touched"] is False
     assert answer["step"] == DIGEST_STEP and actual in str(answer["detail"])
     assert port_pr.calls == []
-    assert answer_of(await service.answer(load_request(sha256=actual)))["ok"] is True
+    assert answer_of(service.answer(load_request(sha256=actual)))["ok"] is True
     assert afu(node) == NLB3
 
 
-async def test_the_service_inventory_says_what_it_can_program(service):
-    answer = answer_of(await service.answer(Request("inventory").encode()))
+def test_the_service_inventory_says_what_it_can_program(service):
+    answer = answer_of(service.answer(Request("inventory").encode()))
     devices = answer["devices"]
     assert isinstance(devices, dict) and devices[PORT] is None
     assert answer["loaders"] == {"intel": "ioctl"}
     assert any(reason and "virtual function" in reason for reason in devices.values())
 
 
-async def test_a_bad_request_is_answered_and_the_service_goes_on(service):
-    answer = answer_of(await service.answer(b"\x00garbage"))
+def test_a_bad_request_is_answered_and_the_service_goes_on(service):
+    answer = answer_of(service.answer(b"\x00garbage"))
     assert answer["ok"] is False and answer["step"] == protocol.REQUEST_STEP
-    assert answer_of(await service.answer(Request("inventory").encode()))["ok"] is True
+    assert answer_of(service.answer(Request("inventory").encode()))["ok"] is True
 
 
 # Over the socket ------------------------------------------------------------------------------
 
+class Served:
+    """:func:`serve_socket` in a thread, as the loader process runs it in its main one."""
+
+    def __init__(self, path: Path, allowed: list[int], service: LoaderService) -> None:
+        self.path = path
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=serve_socket,
+                                       args=(path, allowed, service, self.stop))
+        self.thread.start()
+        for _ in range(500):
+            if path.exists():
+                break
+            time.sleep(0.02)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(60)
+        assert not self.thread.is_alive()
+
+
 @pytest.fixture
-async def served(tmp_path: Path, service: LoaderService) -> AsyncIterator[Path]:
-    path = tmp_path / "run" / "loader.sock"
-    stop = asyncio.Event()
-    task = asyncio.create_task(serve_socket(path, [os.geteuid()], service, stop))
-    for _ in range(100):
-        if path.exists():
-            break
-        await asyncio.sleep(0.02)
-    yield path
-    stop.set()
-    await task
+def served(tmp_path: Path, service: LoaderService) -> Iterator[Path]:
+    running = Served(tmp_path / "run" / "loader.sock", [os.geteuid()], service)
+    yield running.path
+    running.close()
 
 
 def raw_exchange(path: Path, data: bytes, *, close_write: bool = True) -> dict[str, object]:
@@ -230,27 +245,23 @@ async def test_a_peer_that_sends_nothing_is_dropped_in_bounded_time(served, monk
 async def test_a_peer_with_another_uid_is_refused_unread(tmp_path, service, port_pr, node,
                                                          library):
     path = tmp_path / "other" / "loader.sock"
-    stop = asyncio.Event()
-    task = asyncio.create_task(serve_socket(path, [os.geteuid() + 4242], service, stop))
-    while not path.exists():
-        await asyncio.sleep(0.02)
+    running = Served(path, [os.geteuid() + 4242], service)
     answer = await asyncio.to_thread(raw_exchange, path, load_request())
     with pytest.raises(LoadFailed) as caught:  # the driver's client reads the refusal too
         await RemoteLoader(LoaderClient(path), "intel").load(job(node, library))
     assert not caught.value.touched and "may not use the loader" in caught.value.detail
-    stop.set()
-    await task
+    running.close()
     assert answer["ok"] is False and f"peer UID {os.geteuid()} may not use" in \
         str(answer["detail"])
     assert port_pr.calls == []
 
 
-async def test_a_file_that_is_not_a_socket_is_never_replaced(tmp_path, service):
+def test_a_file_that_is_not_a_socket_is_never_replaced(tmp_path, service):
     path = tmp_path / "run" / "loader.sock"
     path.parent.mkdir()
     path.write_text("keep me")
     with pytest.raises(OSError, match="not a socket"):
-        await serve_socket(path, [0], service, asyncio.Event())
+        serve_socket(path, [0], service, threading.Event())
     assert path.read_text() == "keep me"
 
 
@@ -325,7 +336,7 @@ def test_tool_loaders_are_served_too(tmp_path, node, library):
     backend = make_backend("intel", node.config())
     service = LoaderService(lambda: list(backend.scan()),
                             {"intel": Fpgaconf(tools.fpgaconf)}, library)
-    answer = json.loads(asyncio.run(service.answer(load_request())))
+    answer = json.loads(service.answer(load_request()))
     assert answer == {"ok": True, "loader": "fpgaconf"} and afu(node) == NLB3
 
 

@@ -11,12 +11,13 @@ client closed its socket while it waited is dropped, while a client that only ha
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
 import socket
-from collections.abc import AsyncIterator
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -45,31 +46,70 @@ class FakeLoader:
 
     def __init__(self, hold: float = 0.3) -> None:
         self.hold = hold
-        self.gate: asyncio.Event | None = None
+        self.gate: threading.Event | None = None
         self.running: set[str] = set()
         self.overlaps: list[tuple[str, ...]] = []
         self.jobs: list[LoadJob] = []
-        self.started = asyncio.Event()
+        self.started = threading.Event()
+        self._guard = threading.Lock()
 
     def unavailable(self, device: Device) -> str | None:
         return None
 
-    async def load(self, job: LoadJob) -> None:
-        self.jobs.append(job)
-        if self.running:
-            self.overlaps.append(tuple(sorted({*self.running, job.device.id})))
-        self.running.add(job.device.id)
+    def load_blocking(self, job: LoadJob) -> None:
+        with self._guard:
+            self.jobs.append(job)
+            if self.running:
+                self.overlaps.append(tuple(sorted({*self.running, job.device.id})))
+            self.running.add(job.device.id)
         self.started.set()
         try:
             if self.gate is not None:
-                await self.gate.wait()
+                assert self.gate.wait(30)
             else:
-                await asyncio.sleep(self.hold)
+                time.sleep(self.hold)
         finally:
-            self.running.discard(job.device.id)
+            with self._guard:
+                self.running.discard(job.device.id)
+
+    def loaded_blocking(self, device: Device) -> str | None:
+        return None
+
+    async def load(self, job: LoadJob) -> None:
+        raise AssertionError("the loader process calls load_blocking")
 
     async def loaded(self, device: Device) -> str | None:
-        return None
+        raise AssertionError("the loader process calls loaded_blocking")
+
+
+def in_threads(*calls: object) -> list[object]:
+    """Each of ``calls`` (a zero-argument callable) in a thread of its own, as the loader
+    serves connections; their results in order."""
+    results: list[object] = [None] * len(calls)
+
+    def run(i: int) -> None:
+        results[i] = calls[i]()  # type: ignore[operator]
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return results
+
+
+class Background:
+    """``call()`` in a thread; :meth:`result` waits for it."""
+
+    def __init__(self, call: object) -> None:
+        self._result: list[object] = []
+        self._thread = threading.Thread(target=lambda: self._result.append(call()))  # type: ignore[operator]
+        self._thread.start()
+
+    def result(self) -> object:
+        self._thread.join(60)
+        assert self._result, "the call did not end"
+        return self._result[0]
 
 
 def request(device: str, timeout: float = 20, **fields: object) -> bytes:
@@ -101,27 +141,27 @@ def answered(data: bytes) -> dict[str, object]:
     return json.loads(data)
 
 
-async def test_two_ports_of_one_card_are_never_loaded_at_once(service, fake):
-    answers = await asyncio.gather(service.answer(request(PORT0)),
-                                   service.answer(request(PORT1)))
+def test_two_ports_of_one_card_are_never_loaded_at_once(service, fake):
+    answers = in_threads(lambda: service.answer(request(PORT0)),
+                         lambda: service.answer(request(PORT1)))
     assert [answered(a)["ok"] for a in answers] == [True, True]
     assert sorted(j.device.id for j in fake.jobs) == [PORT0, PORT1]
     assert fake.overlaps == []
 
 
-async def test_two_cards_are_loaded_at_once(service, fake):
+def test_two_cards_are_loaded_at_once(service, fake):
     """What the test above relies on: the fake loader does see loads that overlap."""
-    await asyncio.gather(service.answer(request(PORT0)), service.answer(request(OTHER)))
+    in_threads(lambda: service.answer(request(PORT0)), lambda: service.answer(request(OTHER)))
     assert fake.overlaps == [(PORT0, OTHER)]
 
 
-async def test_a_load_whose_budget_went_on_the_wait_is_refused_untouched(service, fake):
-    fake.gate = asyncio.Event()
-    first = asyncio.create_task(service.answer(request(PORT0)))
-    await fake.started.wait()
-    second = answered(await service.answer(request(PORT1, timeout=1.0)))
+def test_a_load_whose_budget_went_on_the_wait_is_refused_untouched(service, fake):
+    fake.gate = threading.Event()
+    first = Background(lambda: service.answer(request(PORT0)))
+    assert fake.started.wait(30)
+    second = answered(service.answer(request(PORT1, timeout=1.0)))
     fake.gate.set()
-    assert answered(await first)["ok"] is True
+    assert answered(first.result())["ok"] is True
     assert second["ok"] is False and second["touched"] is False
     assert second["step"] == CARD_STEP
     assert re.search(r"waited [0-9.]+ s for card /dev/dfl-fme.0 \(another load onto it",
@@ -130,34 +170,34 @@ async def test_a_load_whose_budget_went_on_the_wait_is_refused_untouched(service
     assert [j.device.id for j in fake.jobs] == [PORT0]
 
 
-async def test_a_load_that_waited_starts_with_what_is_left_of_its_budget(service, fake):
-    fake.gate = asyncio.Event()
-    first = asyncio.create_task(service.answer(request(PORT0)))
-    await fake.started.wait()
-    second = asyncio.create_task(service.answer(request(PORT1, timeout=20)))
-    await asyncio.sleep(0.5)  # the second load waits at least this long for the card
+def test_a_load_that_waited_starts_with_what_is_left_of_its_budget(service, fake):
+    fake.gate = threading.Event()
+    first = Background(lambda: service.answer(request(PORT0)))
+    assert fake.started.wait(30)
+    second = Background(lambda: service.answer(request(PORT1, timeout=20)))
+    time.sleep(0.5)  # the second load waits at least this long for the card
     fake.gate.set()
-    assert answered(await second)["ok"] is True and answered(await first)["ok"] is True
+    assert answered(second.result())["ok"] is True and answered(first.result())["ok"] is True
     waited_job = fake.jobs[1]
     assert waited_job.device.id == PORT1
     assert 0 < waited_job.timeout <= 19.5  # the wait came off its 20 s
 
 
-async def test_the_require_digest_setting_refuses_an_unpinned_image_untouched(node, fake,
-                                                                             tmp_path):
+def test_the_require_digest_setting_refuses_an_unpinned_image_untouched(node, fake,
+                                                                       tmp_path):
     backend = make_backend("intel", node.config())
     library = tmp_path / "lib"
     library.mkdir()
     (library / "nlb3.gbs").write_bytes(b"x")
     strict = LoaderService(lambda: list(backend.scan()), {"intel": fake},
                            ImageLibrary(library), require_digest=True)
-    refused = answered(await strict.answer(request(PORT0, image="nlb3.gbs")))
+    refused = answered(strict.answer(request(PORT0, image="nlb3.gbs")))
     assert refused["ok"] is False and refused["touched"] is False
     assert refused["step"] == DIGEST_STEP
     assert "'nlb3.gbs' is not pinned by sha256" in str(refused["detail"])
     assert "--require-image-digest" in str(refused["detail"])
-    pinned = answered(await strict.answer(request(PORT0, image="nlb3.gbs", sha256="a" * 64)))
-    by_id = answered(await strict.answer(request(PORT0)))  # no image: a load by ID
+    pinned = answered(strict.answer(request(PORT0, image="nlb3.gbs", sha256="a" * 64)))
+    by_id = answered(strict.answer(request(PORT0)))  # no image: a load by ID
     assert pinned["ok"] is True and by_id["ok"] is True
     assert [j.image for j in fake.jobs] == ["nlb3.gbs", None]
 
@@ -165,15 +205,17 @@ async def test_the_require_digest_setting_refuses_an_unpinned_image_untouched(no
 # Over the socket: a client that hangs up ------------------------------------------------------
 
 @pytest.fixture
-async def served(tmp_path: Path, service: LoaderService) -> AsyncIterator[Path]:
+def served(tmp_path: Path, service: LoaderService) -> Iterator[Path]:
     path = tmp_path / "run" / "loader.sock"
-    stop = asyncio.Event()
-    task = asyncio.create_task(serve_socket(path, [os.geteuid()], service, stop))
+    stop = threading.Event()
+    thread = threading.Thread(target=serve_socket, args=(path, [os.geteuid()], service, stop))
+    thread.start()
     while not path.exists():
-        await asyncio.sleep(0.02)
+        time.sleep(0.02)
     yield path
     stop.set()
-    await task
+    thread.join(60)
+    assert not thread.is_alive()
 
 
 def connected(path: Path, data: bytes) -> socket.socket:
@@ -194,34 +236,33 @@ def answer_on(sock: socket.socket) -> dict[str, object]:
     return json.loads(data)
 
 
-async def test_a_queued_load_whose_client_hung_up_is_dropped(served, fake, monkeypatch,
-                                                              caplog):
+def test_a_queued_load_whose_client_hung_up_is_dropped(served, fake, monkeypatch, caplog):
     monkeypatch.setattr(server, "HANGUP_POLL", 0.02)
-    fake.gate = asyncio.Event()
+    fake.gate = threading.Event()
     first = connected(served, request(PORT0))
-    await fake.started.wait()
+    assert fake.started.wait(30)
     queued = connected(served, request(PORT1))
     waiting = connected(served, request(PORT1))  # half-closed only: still waiting
-    await asyncio.sleep(0.2)
+    time.sleep(0.2)
     queued.close()
-    await asyncio.sleep(0.2)
+    time.sleep(0.2)
     fake.gate.set()
-    assert (await asyncio.to_thread(answer_on, first))["ok"] is True
-    assert (await asyncio.to_thread(answer_on, waiting))["ok"] is True
+    assert answer_on(first)["ok"] is True
+    assert answer_on(waiting)["ok"] is True
     assert [j.device.id for j in fake.jobs] == [PORT0, PORT1]  # the hung-up one never ran
     assert any("the client hung up while the load waited" in r.getMessage()
                for r in caplog.records)
 
 
-async def test_a_started_load_is_not_cut_off_when_its_client_hangs_up(served, fake):
-    fake.gate = asyncio.Event()
+def test_a_started_load_is_not_cut_off_when_its_client_hangs_up(served, fake):
+    fake.gate = threading.Event()
     first = connected(served, request(PORT0))
-    await fake.started.wait()
+    assert fake.started.wait(30)
     first.close()
-    await asyncio.sleep(0.2)
+    time.sleep(0.2)
     assert fake.running == {PORT0}
     fake.gate.set()
-    following = await asyncio.to_thread(answer_on, connected(served, request(PORT1)))
+    following = answer_on(connected(served, request(PORT1)))
     assert following["ok"] is True
     assert [j.device.id for j in fake.jobs] == [PORT0, PORT1]
 

@@ -118,13 +118,11 @@ def test_a_digest_is_matched_whole() -> None:
 
 def test_the_service_answers_a_malformed_request_with_a_refusal() -> None:
     """What the socket carries back: a refusal, not a dropped connection."""
-    import asyncio
-
     from plugin.programming.library import ImageLibrary
     from plugin.programming.remote.server import LoaderService
 
     service = LoaderService(lambda: [], {}, ImageLibrary(__import__("pathlib").Path("/")))
-    answer = json.loads(asyncio.run(service.answer(b"[" * 4000)))
+    answer = json.loads(service.answer(b"[" * 4000))
     assert answer["ok"] is False and answer["step"] == protocol.REQUEST_STEP
     assert "nested too deeply" in answer["detail"]
     assert set(string.printable) >= set(json.dumps(answer))

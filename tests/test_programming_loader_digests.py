@@ -151,14 +151,17 @@ async def test_a_tool_loads_the_checked_bytes_even_if_the_file_is_replaced_as_it
     """The window a path would leave open: the file replaced after the check, before the
     tool reads it. The stand-in fpgaconf loads whatever file it is handed; the port must
     get the AFU of the bytes that were checked, not of the replacement."""
-    real_run = tools_module.run_tool
+    real_run = tools_module.run_tool_blocking
+    replaced = []
 
-    async def replace_then_run(*args, **kwargs):
+    def replace_then_run(*args, **kwargs):
         write_image(library.root, "nlb3.gbs", gbs(NLB0_AFU_ID))
-        return await real_run(*args, **kwargs)
+        replaced.append(True)
+        return real_run(*args, **kwargs)
 
-    monkeypatch.setattr(tools_module, "run_tool", replace_then_run)
+    monkeypatch.setattr(tools_module, "run_tool_blocking", replace_then_run)
     await Fpgaconf(tools.fpgaconf).load(job(port(intel), library, "nlb3.gbs", None))
+    assert replaced == [True]  # the file was replaced as the tool started
     assert len(tools.invocations("fpgaconf")) == 1
     assert port(intel).attrs["afu_id"] == NLB3
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import sys
@@ -66,6 +65,8 @@ def _backend(settings: Settings) -> Backend:
 
 
 def serve(settings: Settings) -> int:
+    import asyncio  # here, as in discover: the loader command never holds asyncio
+
     from plugin.discovery.triggers import triggers_for
     from plugin.model.replicas import announce
     from plugin.process.daemon import Daemon
@@ -98,6 +99,8 @@ def _probe_port(settings: Settings) -> ProbeServer | None:
 
 
 def discover(settings: Settings) -> int:
+    import asyncio
+
     from plugin.cli.discover import render_json, render_table, replica_notes, share_notes
     from plugin.cli.sources import describe
     from plugin.discovery.monitor import DeviceMonitor

@@ -26,7 +26,6 @@ ports), else the PCI address, else the device ID, made safe as a file name.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import fcntl
 import json
@@ -169,19 +168,35 @@ class CardFiles:
             raise
         return CardLock(fd, path)
 
+    def _attempt(self, card: str, deadline: float) -> CardLock | float:
+        """The card lock if it is free now, else the seconds left before ``deadline``
+        (``time.monotonic``); :class:`CardBusy` naming the holder's load past it."""
+        held = self.try_lock(card)
+        if held is not None:
+            return held
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise CardBusy(self.holder(card))
+        return remaining
+
     async def lock(self, card: str, deadline: float) -> CardLock:
         """The card lock, waited for without blocking the event loop until ``deadline``
         (``time.monotonic``); :class:`CardBusy` naming the holder's load past it."""
+        import asyncio  # here: the loader process, which waits with lock_blocking, never holds it
+
         delay = POLL_FIRST
-        while True:
-            held = self.try_lock(card)
-            if held is not None:
-                return held
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise CardBusy(self.holder(card))
-            await asyncio.sleep(min(delay, remaining))
+        while not isinstance(got := self._attempt(card, deadline), CardLock):
+            await asyncio.sleep(min(delay, got))
             delay = min(delay * 2, POLL_MAX)
+        return got
+
+    def lock_blocking(self, card: str, deadline: float) -> CardLock:
+        """:meth:`lock`, waited for in the calling thread."""
+        delay = POLL_FIRST
+        while not isinstance(got := self._attempt(card, deadline), CardLock):
+            time.sleep(min(delay, got))
+            delay = min(delay * 2, POLL_MAX)
+        return got
 
     def wait_free(self, card: str) -> None:
         """Block until the card lock is free (taken and given back at once): for a thread

@@ -17,7 +17,6 @@ driver's early answer; what reaches the card is hashed again, byte for byte, by 
 
 from __future__ import annotations
 
-import asyncio
 import os
 from dataclasses import dataclass
 from typing import TypeVar
@@ -72,6 +71,8 @@ class ImageChecks:
         known = self._remembered(self._digests, name, name)
         if known is not None:
             return known
+        import asyncio  # here: the loader process imports this module's checks, not asyncio
+
         identity, digest = await asyncio.to_thread(self._hash, name)
         _remember(self._digests, name, identity, digest)
         return digest

@@ -20,6 +20,7 @@ from value_types.devices import Device, DeviceSet
 
 if TYPE_CHECKING:  # the driver's: imported where used, so the loader process never holds them
     from plugin.programming.load_record import LoadRecord
+    from plugin.programming.loaders.card_locked import CardLockedLoader
     from plugin.programming.programmer import Programmer, Told
     from plugin.programming.quarantine import Quarantine
 
@@ -32,15 +33,21 @@ def loaders_for(settings: Settings) -> dict[str, Loader]:
     its card's lock in the driver's state directory, recorded there before it starts
     (:mod:`plugin.programming.loaders.card_locked`): whichever process loads, one card is
     loaded by one process at a time on the node."""
-    from plugin.cli.settings import dra_state_dir
-    from plugin.programming.card_state import CardFiles
-    from plugin.programming.loaders.card_locked import CardLockedLoader
-    from plugin.programming.loaders.choose import loaders
-
     if settings.command in ("serve", "discover") and settings.loader_socket is not None:
         from plugin.programming.remote.client import remote_loaders
 
         return dict(remote_loaders(settings.loader_socket))
+    return dict(local_loaders(settings))
+
+
+def local_loaders(settings: Settings) -> dict[str, CardLockedLoader]:
+    """Family -> the loader that loads from this process, as the flags choose it, each load
+    under its card's lock (see :func:`loaders_for`); the ``loader`` process calls their
+    blocking cores."""
+    from plugin.cli.settings import dra_state_dir
+    from plugin.programming.card_state import CardFiles
+    from plugin.programming.loaders.card_locked import CardLockedLoader
+    from plugin.programming.loaders.choose import loaders
 
     files = CardFiles(dra_state_dir(settings))
     chosen = loaders(intel=settings.intel_loader, dev_root=settings.dev_root,

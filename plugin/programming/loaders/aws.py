@@ -39,7 +39,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from plugin.programming.loaders.base import LoadFailed, LoadJob
-from plugin.programming.loaders.tools import ToolOutput, failure, run_tool, tool_problem
+from plugin.programming.loaders.tools import (
+    ToolOutput,
+    failure,
+    in_thread,
+    run_tool_blocking,
+    tool_problem,
+)
 from value_types.devices import Device
 
 LOAD_FLAG = "--fpga-load-local-image"
@@ -94,14 +100,17 @@ class AwsFpgaSdk:
                 or tool_problem(self.describe_tool, DESCRIBE_FLAG))
 
     async def loaded(self, device: Device) -> str | None:
+        return await in_thread(lambda: self.loaded_blocking(device))
+
+    def loaded_blocking(self, device: Device) -> str | None:
         """The AGFI the slot holds (lower-case) when it reports ``loaded``, else None."""
         problem = self.unavailable(device)
         if problem is not None:
             raise LoadFailed(DESCRIBE_STEP, problem, touched=False)
         slot = int(device.attrs["slot"])
-        output = await run_tool(self.describe_tool, ["-S", str(slot), "-H"],
-                                step=DESCRIBE_STEP, flag=DESCRIBE_FLAG,
-                                timeout=DESCRIBE_TIMEOUT)
+        output = run_tool_blocking(self.describe_tool, ["-S", str(slot), "-H"],
+                                   step=DESCRIBE_STEP, flag=DESCRIBE_FLAG,
+                                   timeout=DESCRIBE_TIMEOUT)
         if output.returncode != 0:
             raise LoadFailed(DESCRIBE_STEP, failure(self.describe_tool, output),
                              touched=False)
@@ -109,6 +118,9 @@ class AwsFpgaSdk:
         return state.agfi if state.status == "loaded" else None
 
     async def load(self, job: LoadJob) -> None:
+        await in_thread(lambda: self.load_blocking(job))
+
+    def load_blocking(self, job: LoadJob) -> None:
         device = job.device
         problem = self.unavailable(device)
         if problem is not None:
@@ -122,8 +134,8 @@ class AwsFpgaSdk:
             raise LoadFailed(LOAD_STEP, f"{device.id}: {job.function_id!r} is not an AGFI "
                                         f"(agfi- and 17 hex digits)", touched=False)
         slot = int(device.attrs["slot"])
-        output = await run_tool(self.load_tool, ["-S", str(slot), "-I", agfi, "-H"],
-                                step=LOAD_STEP, flag=LOAD_FLAG, timeout=job.timeout)
+        output = run_tool_blocking(self.load_tool, ["-S", str(slot), "-I", agfi, "-H"],
+                                   step=LOAD_STEP, flag=LOAD_FLAG, timeout=job.timeout)
         if output.returncode != 0:
             raise LoadFailed(LOAD_STEP, failure(self.load_tool, output))
         state = self._state(output, slot, LOAD_STEP, self.load_tool, touched=True)

@@ -72,3 +72,17 @@ class Loader(Protocol):
         describe), normalised as :attr:`LoadJob.function_id`; None where discovery's own
         attributes tell (Intel ``afu_id``, Alveo ``xclbin_uuid``)."""
         ...
+
+
+class LocalLoader(Loader, Protocol):
+    """A loader that programs the card from this process: its async methods run these
+    blocking cores in a worker thread, and the ``loader`` process, which holds no event
+    loop, calls the cores itself."""
+
+    def load_blocking(self, job: LoadJob) -> None:
+        """:meth:`load`, in the calling thread."""
+        ...
+
+    def loaded_blocking(self, device: Device) -> str | None:
+        """:meth:`loaded`, in the calling thread."""
+        ...

@@ -6,7 +6,8 @@ whichever process runs a load, and however many run side by side (a rolling upda
 pods, a loader that outlives its driver), one card is programmed by one of them at a time
 (:mod:`plugin.programming.card_state`). For each load, that process:
 
-1. takes the card lock, polling without blocking the event loop; the wait counts against
+1. takes the card lock, polling (without blocking the event loop, in ``serve``; in its
+   connection's thread, in the ``loader`` process); the wait counts against
    the job's timeout, and a job whose budget runs out waiting fails untouched
    (``touched=False``), naming the load it waited for;
 2. writes the card's intent record, before the card is touched (a record it cannot write
@@ -20,21 +21,24 @@ pods, a loader that outlives its driver), one card is programmed by one of them 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 
 from plugin.programming.card_state import (
     CardBusy,
     CardFiles,
+    CardLock,
     CardRecord,
     Intent,
     card_of,
     failed_reason,
 )
 from plugin.programming.load_record import now
-from plugin.programming.loaders.base import Loader, LoadFailed, LoadJob
+from plugin.programming.loaders.base import LoadFailed, LoadJob, LocalLoader
 from plugin.programming.loaders.tools import HELD_FDS
 from value_types.devices import Device
 
@@ -44,9 +48,12 @@ LOCK_STEP = "card lock"
 
 
 class CardLockedLoader:
-    """``inner``, each load under its card's lock and recorded in ``files``."""
+    """``inner``, each load under its card's lock and recorded in ``files``: :meth:`load`
+    for the ``serve`` path (the lock awaited, ``inner.load``), :meth:`load_blocking` for
+    the ``loader`` process (the lock waited for in its thread, ``inner.load_blocking``);
+    both take the same steps (:meth:`_recorded`)."""
 
-    def __init__(self, inner: Loader, files: CardFiles) -> None:
+    def __init__(self, inner: LocalLoader, files: CardFiles) -> None:
         self.inner = inner
         self.files = files
         self.name = inner.name
@@ -58,17 +65,42 @@ class CardLockedLoader:
     async def loaded(self, device: Device) -> str | None:
         return await self.inner.loaded(device)
 
+    def loaded_blocking(self, device: Device) -> str | None:
+        return self.inner.loaded_blocking(device)
+
     async def load(self, job: LoadJob) -> None:
         deadline = time.monotonic() + job.timeout
         card = card_of(job.device)
         try:
             lock = await self.files.lock(card, deadline)
-        except CardBusy as busy:
-            raise LoadFailed(LOCK_STEP, f"the card {card} was not free within "
-                                        f"{job.timeout:g} s: {busy.holder}; nothing was "
-                                        "loaded", touched=False) from None
-        except OSError as exc:
-            raise LoadFailed(LOCK_STEP, self._cannot(card, exc), touched=False) from None
+        except (CardBusy, OSError) as exc:
+            raise self._not_locked(card, job, exc) from None
+        with self._recorded(job, card, lock, deadline) as timed:
+            await self.inner.load(timed)
+
+    def load_blocking(self, job: LoadJob) -> None:
+        deadline = time.monotonic() + job.timeout
+        card = card_of(job.device)
+        try:
+            lock = self.files.lock_blocking(card, deadline)
+        except (CardBusy, OSError) as exc:
+            raise self._not_locked(card, job, exc) from None
+        with self._recorded(job, card, lock, deadline) as timed:
+            self.inner.load_blocking(timed)
+
+    def _not_locked(self, card: str, job: LoadJob, exc: CardBusy | OSError) -> LoadFailed:
+        if isinstance(exc, CardBusy):
+            return LoadFailed(LOCK_STEP, f"the card {card} was not free within "
+                                         f"{job.timeout:g} s: {exc.holder}; nothing was "
+                                         "loaded", touched=False)
+        return LoadFailed(LOCK_STEP, self._cannot(card, exc), touched=False)
+
+    @contextlib.contextmanager
+    def _recorded(self, job: LoadJob, card: str, lock: CardLock,
+                  deadline: float) -> Iterator[LoadJob]:
+        """With ``lock`` held: the intent written, the lock handed to the tools started
+        (:data:`HELD_FDS`), the job with what is left of its budget to load; then the
+        outcome recorded, whichever way the load ended."""
         with lock:
             intent = Intent(job.device.id, job.function_id, job.image, os.getpid(), now())
             try:
@@ -77,8 +109,7 @@ class CardLockedLoader:
                 raise LoadFailed(LOCK_STEP, self._cannot(card, exc), touched=False) from None
             held = HELD_FDS.set((lock.fd,))
             try:
-                remaining = max(deadline - time.monotonic(), 0.1)
-                await self.inner.load(replace(job, timeout=remaining))
+                yield replace(job, timeout=max(deadline - time.monotonic(), 0.1))
             except LoadFailed as failure:
                 self._ended(card, job, failed_reason(
                     f"loading {job.function_id} with {self.name} failed at {failure.step}: "

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from plugin.programming.loaders.aws import AwsFpgaSdk
-from plugin.programming.loaders.base import Loader
+from plugin.programming.loaders.base import LocalLoader
 from plugin.programming.loaders.fpgaconf import Fpgaconf
 from plugin.programming.loaders.intel_pr import PortPrIoctl
 from plugin.programming.loaders.xbutil import Xbutil
@@ -15,13 +15,13 @@ INTEL_LOADERS = ("ioctl", "fpgaconf")
 
 
 def loaders(*, intel: str, dev_root: Path, fpgaconf: Path, xbutil: Path, aws_load: Path,
-            aws_describe: Path) -> dict[str, Loader]:
+            aws_describe: Path) -> dict[str, LocalLoader]:
     """``{family: loader}`` for Intel (``intel`` picks which), Alveo and AWS.
 
     Building them touches nothing: a missing tool shows per device, through
     :meth:`Loader.unavailable`, when a load is asked for.
     """
-    intel_loader: Loader
+    intel_loader: LocalLoader
     if intel == "ioctl":
         intel_loader = PortPrIoctl(dev_root)
     elif intel == "fpgaconf":
@@ -29,5 +29,5 @@ def loaders(*, intel: str, dev_root: Path, fpgaconf: Path, xbutil: Path, aws_loa
     else:
         raise ValueError(f"--intel-loader {intel!r}: expected one of "
                          f"{', '.join(INTEL_LOADERS)}")
-    chosen: list[Loader] = [intel_loader, Xbutil(xbutil), AwsFpgaSdk(aws_load, aws_describe)]
+    chosen: list[LocalLoader] = [intel_loader, Xbutil(xbutil), AwsFpgaSdk(aws_load, aws_describe)]
     return {loader.family: loader for loader in chosen}

@@ -38,7 +38,7 @@ from pathlib import Path
 from plugin.discovery.backends.pci import parse_bdf
 from plugin.programming.loaders.base import LoadJob
 from plugin.programming.loaders.checks import checked_gbs_in
-from plugin.programming.loaders.tools import load_library_image, tool_problem
+from plugin.programming.loaders.tools import in_thread, load_library_image, tool_problem
 from value_types.devices import Device
 
 FLAG = "--fpgaconf"
@@ -78,8 +78,14 @@ class Fpgaconf:
         return tool_problem(self.path, FLAG)
 
     async def loaded(self, device: Device) -> str | None:
+        return self.loaded_blocking(device)
+
+    def loaded_blocking(self, device: Device) -> str | None:
         return None  # the port's afu_id, which discovery reads, tells
 
     async def load(self, job: LoadJob) -> None:
-        await load_library_image(job, self.unavailable(job.device), checked_gbs_in, self.path,
-                                 fpgaconf_args, STEP, FLAG)
+        await in_thread(lambda: self.load_blocking(job))
+
+    def load_blocking(self, job: LoadJob) -> None:
+        load_library_image(job, self.unavailable(job.device), checked_gbs_in, self.path,
+                           fpgaconf_args, STEP, FLAG)

@@ -53,14 +53,14 @@ exclusively to see that no process uses it: the caller holds the card for the cl
 
 The file is read once, through the image library (its containment checks), and the very
 bytes read are hashed (against the digest the job pins), checked (interface, AFU ID) and
-loaded, so the image cannot change between check and load. The blocking ioctl runs in a
-worker thread that owns the descriptor and the buffer until the kernel returns, even if the
-load is cancelled meanwhile.
+loaded, so the image cannot change between check and load. The load blocks its thread (the
+``loader`` process's connection thread, or a worker thread for ``serve``'s async path), which
+owns the descriptor and the buffer until the kernel returns; a cancelled ``serve`` load
+waits for the ioctl under way to return before it ends.
 """
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import errno
 import fcntl
@@ -78,6 +78,7 @@ from plugin.programming.loaders.checks import (
     gbs_from_bytes,
     image_source,
 )
+from plugin.programming.loaders.tools import in_thread
 from value_types.devices import Device
 
 IoctlCall = Callable[[int, int, bytearray], int]
@@ -170,9 +171,17 @@ class PortPrIoctl:
         return None
 
     async def loaded(self, device: Device) -> str | None:
+        return self.loaded_blocking(device)
+
+    def loaded_blocking(self, device: Device) -> str | None:
         return None  # the port's afu_id, which discovery reads, tells
 
     async def load(self, job: LoadJob) -> None:
+        await in_thread(lambda: self.load_blocking(job))
+
+    def load_blocking(self, job: LoadJob) -> None:
+        """Read, hash, check, program: all in the calling thread, which owns the
+        descriptor and the buffer until the kernel returns."""
         device = job.device
         problem = self.unavailable(device)
         if problem is not None:
@@ -181,9 +190,9 @@ class PortPrIoctl:
         abi = abi_for(name)
         assert abi is not None  # unavailable() said so
         port = int(device.attrs["port_number"])
-        data = await asyncio.to_thread(_read_image, job)
+        data = _read_image(job)
         if job.sha256 is not None:
-            digest = await asyncio.to_thread(sha256_of_bytes, data)
+            digest = sha256_of_bytes(data)
             if digest != job.sha256:
                 raise LoadFailed(DIGEST_STEP, mismatch(job.image or "", job.sha256, digest),
                                  touched=False)
@@ -192,13 +201,13 @@ class PortPrIoctl:
             raise LoadFailed(CHECK_STEP, f"{device.id}: image {job.image!r} has a "
                                          f"{gbs.bitstream_length}-byte bitstream, more than "
                                          f"the ioctl's 32-bit buffer_size", touched=False)
-        await asyncio.to_thread(self._program, self.dev_root / name, abi, port, data,
-                                gbs.bitstream_offset, gbs.bitstream_length)
+        self._program(self.dev_root / name, abi, port, data, gbs.bitstream_offset,
+                      gbs.bitstream_length)
 
     def _program(self, path: Path, abi: PortPrAbi, port: int, data: bytearray,
                  offset: int, length: int) -> None:
-        """Open the node, run the ioctl, close: all in the worker thread, which keeps
-        ``data`` (the buffer the kernel reads) alive until the kernel is done with it."""
+        """Open the node, run the ioctl, close, keeping ``data`` (the buffer the kernel
+        reads) alive until the kernel is done with it."""
         try:
             fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         except OSError as exc:

@@ -20,16 +20,19 @@ locked until the tool exits, even when the process that started it is killed fir
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import contextvars
 import os
 import signal
 import stat
+import subprocess
+import threading
+import time
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO, BinaryIO, TypeVar
 
 from plugin.programming.loaders.base import LoadFailed, LoadJob
 from plugin.programming.loaders.sealed import sealed_copy
@@ -40,9 +43,20 @@ MESSAGE_LINES = 8
 """Lines of a failed tool's output quoted in the :class:`LoadFailed` detail."""
 KILL_GRACE = 5.0
 """Seconds a killed tool's process group gets to be reaped before it is given up on."""
+STOP_POLL = 0.1
+"""Seconds between two looks, while a tool runs, at whether its load was stopped."""
 HELD_FDS: ContextVar[tuple[int, ...]] = ContextVar("held_fds", default=())
 """Descriptors every tool started in this context inherits: the card lock of the load
 (set by :class:`~plugin.programming.loaders.card_locked.CardLockedLoader`)."""
+STOP: ContextVar[threading.Event | None] = ContextVar("stop_load", default=None)
+"""Set when the caller of the load under way in this context gave up on it (the
+``serve`` path's task cancelled: :func:`in_thread`): the tool it runs is killed."""
+_T = TypeVar("_T")
+
+
+class Stopped(Exception):
+    """The load was stopped by its caller and its tool killed: the card's state is unknown
+    (not a :class:`LoadFailed`, so the card's record calls the load interrupted)."""
 
 
 @dataclass(frozen=True)
@@ -75,43 +89,78 @@ def tool_problem(path: Path, flag: str) -> str | None:
     return None
 
 
-async def run_tool(path: Path, args: list[str], *, step: str, flag: str,
-                   timeout: float, pass_fds: tuple[int, ...] = ()) -> ToolOutput:
-    """Run ``path args...``; its output once it exits, whatever its status.
+def run_tool_blocking(path: Path, args: list[str], *, step: str, flag: str, timeout: float,
+                      pass_fds: tuple[int, ...] = ()) -> ToolOutput:
+    """Run ``path args...``; its output once it exits, whatever its status. Blocks the
+    calling thread (the ``loader`` process's connection thread, or :func:`in_thread`'s).
 
     :class:`LoadFailed` (``touched=False``) when the tool cannot be started, and
     (``touched=True``: it may have started loading) when it outlives ``timeout`` seconds,
-    after killing its whole process group.
+    after killing its whole process group; :class:`Stopped`, the group killed too, when
+    the load is stopped (:data:`STOP`) meanwhile.
     """
     problem = tool_problem(path, flag)
     if problem is not None:
         raise LoadFailed(step, problem, touched=False)
     try:
-        process = await asyncio.create_subprocess_exec(
-            str(path), *args, stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            start_new_session=True, env=_environment(),
+        process = subprocess.Popen(
+            [str(path), *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, start_new_session=True, env=_environment(),
             pass_fds=(*pass_fds, *HELD_FDS.get()))
     except OSError as exc:
         raise LoadFailed(step, f"{path} could not be started: {exc.strerror} (set its path "
                                f"with {flag})", touched=False) from None
     assert process.stdout is not None and process.stderr is not None
-    out = asyncio.ensure_future(_tail(process.stdout))
-    err = asyncio.ensure_future(_tail(process.stderr))
+    out, err = _Tail(process.stdout), _Tail(process.stderr)
+    deadline = time.monotonic() + timeout
+    stop = STOP.get()
     try:
-        await asyncio.wait_for(process.wait(), timeout)
-    except TimeoutError:
-        await _kill(process)
-        output = ToolOutput(-signal.SIGKILL, await _finished(out), await _finished(err))
-        raise LoadFailed(step, f"{path.name} did not finish within {timeout:g} s and was "
-                               f"killed (process group {process.pid}); its last output: "
-                               f"{output.tail()}") from None
-    except BaseException:  # cancelled: the tool must not outlive the load it was part of
-        await _kill(process)
-        out.cancel()
-        err.cancel()
+        while not _exited(process, min(STOP_POLL, deadline - time.monotonic())):
+            if stop is not None and stop.is_set():
+                raise Stopped(f"{path.name} was killed (process group {process.pid}): its "
+                              "load was stopped")
+            if time.monotonic() >= deadline:
+                _kill(process)
+                output = ToolOutput(-signal.SIGKILL, out.result(KILL_GRACE),
+                                    err.result(KILL_GRACE))
+                raise LoadFailed(step, f"{path.name} did not finish within {timeout:g} s and "
+                                       f"was killed (process group {process.pid}); its last "
+                                       f"output: {output.tail()}")
+    except BaseException:  # the tool must not outlive the load it was part of
+        _kill(process)
         raise
-    return ToolOutput(process.returncode or 0, await out, await err)
+    return ToolOutput(process.returncode or 0, out.result(None), err.result(None))
+
+
+async def run_tool(path: Path, args: list[str], *, step: str, flag: str,
+                   timeout: float, pass_fds: tuple[int, ...] = ()) -> ToolOutput:
+    """:func:`run_tool_blocking` off the event loop; cancelled, the tool is killed."""
+    return await in_thread(lambda: run_tool_blocking(path, args, step=step, flag=flag,
+                                                     timeout=timeout, pass_fds=pass_fds))
+
+
+async def in_thread(call: Callable[[], _T]) -> _T:
+    """``call()`` in a worker thread, in a copy of this context (:data:`HELD_FDS`), for the
+    ``serve`` path's async loaders: one blocking core serves both processes. Cancelled,
+    it stops the call (:data:`STOP`: a running tool is killed) and returns only once the
+    call has ended, so nothing it started outlives the cancelled load.
+
+    asyncio is imported here, not at the top: the ``loader`` process, which only blocks,
+    never holds it (nor the ssl it imports)."""
+    import asyncio
+
+    stop = threading.Event()
+    context = contextvars.copy_context()
+    context.run(STOP.set, stop)
+    running = asyncio.get_running_loop().run_in_executor(None, context.run, call)
+    try:
+        return await asyncio.shield(running)
+    except asyncio.CancelledError:
+        stop.set()
+        await asyncio.wait({running})
+        if not running.cancelled():
+            running.exception()  # retrieved: the cancellation is what is raised
+        raise
 
 
 def failure(path: Path, output: ToolOutput) -> str:
@@ -135,36 +184,51 @@ def _environment() -> dict[str, str]:
     return env
 
 
-async def _tail(stream: asyncio.StreamReader) -> str:
-    kept = bytearray()
-    while chunk := await stream.read(65536):
-        kept += chunk
-        if len(kept) > OUTPUT_TAIL_BYTES:
-            del kept[:-OUTPUT_TAIL_BYTES]
-    return kept.decode("utf-8", "replace")
-
-
-async def _finished(task: asyncio.Future[str]) -> str:
-    """A stream's tail once the killed tool's pipes close; empty if a grandchild that
-    escaped the group keeps them open."""
+def _exited(process: subprocess.Popen[bytes], wait: float) -> bool:
     try:
-        return await asyncio.wait_for(asyncio.shield(task), KILL_GRACE)
-    except TimeoutError:
-        task.cancel()
-        return ""
+        process.wait(max(wait, 0))
+    except subprocess.TimeoutExpired:
+        return False
+    return True
 
 
-async def _kill(process: asyncio.subprocess.Process) -> None:
+class _Tail:
+    """The end of one of a tool's output streams, read to its end by a thread of its own
+    (two pipes, read at once: a tool blocked writing one never waits for the other)."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self._kept = bytearray()
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True,
+                                        name="tool output")
+        self._thread.start()
+
+    def _read(self, stream: IO[bytes]) -> None:
+        with stream:
+            while chunk := os.read(stream.fileno(), 65536):
+                self._kept += chunk
+                if len(self._kept) > OUTPUT_TAIL_BYTES:
+                    del self._kept[:-OUTPUT_TAIL_BYTES]
+
+    def result(self, wait: float | None) -> str:
+        """The stream's tail once it ends; what came so far if it is still open after
+        ``wait`` seconds (a grandchild that escaped the killed group keeps it open)."""
+        self._thread.join(wait)
+        return bytes(self._kept).decode("utf-8", "replace")
+
+
+def _kill(process: subprocess.Popen[bytes]) -> None:
+    if process.returncode is not None:
+        return
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGKILL)
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(process.wait(), KILL_GRACE)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(KILL_GRACE)
 
 
-async def load_library_image(job: LoadJob, problem: str | None,
-                             check: Callable[[LoadJob, BinaryIO, int], object], tool: Path,
-                             args_for: Callable[[str, str], list[str]], step: str,
-                             flag: str) -> None:
+def load_library_image(job: LoadJob, problem: str | None,
+                       check: Callable[[LoadJob, BinaryIO, int], object], tool: Path,
+                       args_for: Callable[[str, str], list[str]], step: str,
+                       flag: str) -> None:
     """What every loader that hands a vendor tool a library file does: refuse (untouched)
     when the loader's ``problem`` says so; copy the image once into sealed memory, hashing
     it (:mod:`.sealed`: refused when the job pins another digest); refuse when the
@@ -176,8 +240,9 @@ async def load_library_image(job: LoadJob, problem: str | None,
     with sealed_copy(job) as image:
         with image.stream() as stream:
             check(job, stream, image.size)
-        output = await run_tool(tool, args_for(job.device.attrs["pci_address"], image.path),
-                                step=step, flag=flag, timeout=job.timeout,
-                                pass_fds=(image.fd,))
+        output = run_tool_blocking(tool, args_for(job.device.attrs["pci_address"],
+                                                  image.path),
+                                   step=step, flag=flag, timeout=job.timeout,
+                                   pass_fds=(image.fd,))
     if output.returncode != 0:
         raise LoadFailed(step, failure(tool, output))

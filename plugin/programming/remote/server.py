@@ -23,6 +23,12 @@ what), and a load whose client hung up while it waited is dropped, nothing loade
 client half-closes its side once its request is sent, which is not a hang-up; a full close
 shows on the server's socket as ``POLLHUP`` (unix(7) stream sockets; :func:`hung_up`).
 
+The server blocks: each connection is served by a thread of its own (requests are rare), and
+the loaders' blocking cores run in it (``load_blocking``), so this process holds no event
+loop and does not import asyncio, nor the ssl it pulls in: a few MiB of the privileged
+process's memory. Stopping (:func:`serve_socket`'s ``stop``) closes the socket and waits
+for the connections under way: a load under way is finished first.
+
 With ``--require-image-digest`` the loader refuses, on its own, any image the request does
 not pin with a ``sha256``: a driver that was made to ask for an unpinned file (through the
 tenant input it parses) gets a refusal, not a load. A load by ID (an AWS AGFI: no image,
@@ -31,7 +37,6 @@ no bytes on this node to hash) is not an image and passes.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
@@ -39,12 +44,14 @@ import select
 import socket
 import stat
 import struct
+import threading
+import time
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
 from plugin.programming.digest import DIGEST_STEP
 from plugin.programming.library import ImageLibrary
-from plugin.programming.loaders.base import Loader, LoadFailed, LoadJob
+from plugin.programming.loaders.base import LoadFailed, LoadJob, LocalLoader
 from plugin.programming.loaders.checks import CHECK_STEP
 from plugin.programming.remote import protocol
 from plugin.programming.remote.protocol import REQUEST_STEP, BadRequest, Request
@@ -62,6 +69,11 @@ START_BUDGET = 1.0
 one started with less would be killed half-way, leaving the card unknown."""
 HANGUP_POLL = 0.1
 """Seconds between two looks at a waiting load's connection."""
+STOP_POLL = 0.2
+"""Seconds between two looks, while no one connects, at whether the server must stop."""
+SEND_TIMEOUT = 30.0
+"""Seconds a peer has to take its answer (it reads it at once: a driver that stopped
+reading must not hold a connection thread, nor the server's stopping, for ever)."""
 
 
 def never_gone() -> bool:
@@ -69,20 +81,22 @@ def never_gone() -> bool:
 
 
 class LoaderService:
-    """Answers requests (no socket here: :func:`serve_socket` carries them)."""
+    """Answers requests (no socket here: :func:`serve_socket` carries them), each in the
+    calling thread."""
 
-    def __init__(self, scan: Callable[[], list[Device]], loaders: Mapping[str, Loader],
+    def __init__(self, scan: Callable[[], list[Device]], loaders: Mapping[str, LocalLoader],
                  library: ImageLibrary, *, require_digest: bool = False) -> None:
         self._scan = scan
         self.loaders = dict(loaders)
         self.library = library
         self.require_digest = require_digest
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_lock = threading.Lock()
 
-    async def answer(self, data: bytes, gone: Callable[[], bool] = never_gone) -> bytes:
+    def answer(self, data: bytes, gone: Callable[[], bool] = never_gone) -> bytes:
         """The answer to the request ``data``; never raises. ``gone`` tells whether the
         client has hung up (a waiting load is then dropped)."""
-        received = asyncio.get_running_loop().time()
+        received = time.monotonic()
         try:
             request = protocol.parse_request(data)
         except BadRequest as exc:
@@ -93,11 +107,11 @@ class LoaderService:
             return protocol.refused(REQUEST_STEP, "the request could not be read")
         try:
             if request.op == "inventory":
-                return await self._inventory()
-            device = await self._device(request)
+                return self._inventory()
+            device = self._device(request)
             if request.op == "loaded":
-                return await self._loaded(device)
-            return await self._load(request, device, received + request.timeout, gone)
+                return self._loaded(device)
+            return self._load(request, device, received + request.timeout, gone)
         except LoadFailed as failure:
             if request.op == "load":
                 log.error("load onto %s refused or failed at %s: %s", request.device,
@@ -108,20 +122,19 @@ class LoaderService:
             return protocol.refused(request.op, f"the loader failed: {exc!r}",
                                     touched=request.op == "load")
 
-    async def _devices(self) -> dict[str, Device]:
-        return {d.id: d for d in await asyncio.to_thread(self._scan)}
+    def _devices(self) -> dict[str, Device]:
+        return {d.id: d for d in self._scan()}
 
-    async def _device(self, request: Request) -> Device:
-        devices = await self._devices()
-        device = devices.get(request.device or "")
+    def _device(self, request: Request) -> Device:
+        device = self._devices().get(request.device or "")
         if device is None:
             raise LoadFailed(DEVICE_STEP, f"device {request.device} is not on this node (the "
                                           "loader's own discovery does not find it)",
                              touched=False)
         return device
 
-    async def _inventory(self) -> bytes:
-        devices = await self._devices()
+    def _inventory(self) -> bytes:
+        devices = self._devices()
         why = {d.id: self._unavailable(d) for d in devices.values()}
         return protocol.ok(devices=why, loaders={f: lo.name for f, lo in self.loaders.items()})
 
@@ -131,14 +144,18 @@ class LoaderService:
             return f"no loader programs {device.backend} devices"
         return loader.unavailable(device)
 
-    async def _loaded(self, device: Device) -> bytes:
+    def _loaded(self, device: Device) -> bytes:
         loader = self.loaders.get(device.backend)
         if loader is None:
             return protocol.ok(function=None)
-        return protocol.ok(function=await loader.loaded(device))
+        return protocol.ok(function=loader.loaded_blocking(device))
 
-    async def _load(self, request: Request, device: Device, deadline: float,
-                    gone: Callable[[], bool]) -> bytes:
+    def _card_lock(self, card: str) -> threading.Lock:
+        with self._locks_lock:
+            return self._locks.setdefault(card, threading.Lock())
+
+    def _load(self, request: Request, device: Device, deadline: float,
+              gone: Callable[[], bool]) -> bytes:
         loader = self.loaders.get(device.backend)
         why = self._unavailable(device)
         if loader is None or why is not None:
@@ -154,11 +171,10 @@ class LoaderService:
             except ValueError as exc:
                 raise LoadFailed(CHECK_STEP, f"{device.id}: {exc}", touched=False) from None
         card = device.attribute("fme_node") or device.attribute("pci_address") or device.id
-        lock = self._locks.setdefault(card, asyncio.Lock())
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        taken = await _take(lock, deadline, gone)
-        waited, left = loop.time() - started, deadline - loop.time()
+        lock = self._card_lock(card)
+        started = time.monotonic()
+        taken = _take(lock, deadline, gone)
+        waited, left = time.monotonic() - started, deadline - time.monotonic()
         refusal = None
         if gone():  # logged as every refusal is, by answer()
             refusal = (f"{device.id}: the client hung up while the load waited {waited:.1f} s "
@@ -177,32 +193,25 @@ class LoaderService:
         log.info("loading %s (%s) onto %s with %s%s", request.function_id,
                  request.image or "by ID", device.id, loader.name,
                  f" after waiting {waited:.1f} s for card {card}" if waited >= 0.05 else "")
-        # The card is released when the load ends, and the load is never cut off half-way
-        # (shielded), even if this server is stopping.
-        load = asyncio.ensure_future(loader.load(job))
-        load.add_done_callback(lambda _: lock.release())
-        await asyncio.shield(load)
+        # The load runs to its end in this thread whatever the client does, and stopping
+        # the server waits for it: a card is never left half-programmed.
+        try:
+            loader.load_blocking(job)
+        finally:
+            lock.release()
         log.info("loaded %s onto %s", request.function_id, device.id)
         return protocol.ok(loader=loader.name)
 
 
-async def _take(lock: asyncio.Lock, deadline: float, gone: Callable[[], bool]) -> bool:
+def _take(lock: threading.Lock, deadline: float, gone: Callable[[], bool]) -> bool:
     """True once ``lock`` (a card) is held; False, not holding it, when the wait ended first:
     at ``deadline`` or once the client is ``gone``."""
-    loop = asyncio.get_running_loop()
-    taking = asyncio.ensure_future(lock.acquire())
-    try:
-        while not taking.done() and loop.time() < deadline and not gone():
-            await asyncio.wait({taking}, timeout=min(HANGUP_POLL, deadline - loop.time()))
-    except BaseException:
-        if taking.done() and not taking.cancelled():
-            lock.release()
-        else:
-            taking.cancel()
-        raise
-    if taking.done():
-        return True
-    taking.cancel()  # Lock.acquire, cancelled, leaves the lock to the next waiter
+    while not gone():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        if lock.acquire(timeout=min(HANGUP_POLL, left)):
+            return True
     return False
 
 
@@ -243,80 +252,103 @@ def prepare_socket_dir(path: Path, owner: int) -> None:
     path.unlink()
 
 
-async def serve_socket(path: Path, allowed: Collection[int], service: LoaderService,
-                       stop: asyncio.Event) -> None:
-    """Serve ``service`` on ``path`` until ``stop`` is set."""
+def serve_socket(path: Path, allowed: Collection[int], service: LoaderService,
+                 stop: threading.Event) -> None:
+    """Serve ``service`` on ``path`` until ``stop`` is set, then wait for the connections
+    under way (a load is never cut off)."""
     owner = min(allowed)
     prepare_socket_dir(path, owner)
     handler = _Connections(allowed, service)
-    old_mask = os.umask(0o177)  # the socket is created 0600, never briefly wider
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        server = await asyncio.start_unix_server(handler.handle, path=str(path))
+        old_mask = os.umask(0o177)  # the socket is created 0600, never briefly wider
+        try:
+            listener.bind(str(path))
+        finally:
+            os.umask(old_mask)
+        listener.listen(16)
+        path.chmod(0o600)
+        if os.geteuid() == 0 and owner != 0:
+            os.chown(path, owner, -1)
+        log.info("loader listening on %s (peers with UID %s only)", path,
+                 ", ".join(str(u) for u in sorted(allowed)))
+        listener.settimeout(STOP_POLL)
+        while not stop.is_set():
+            try:
+                conn, _address = listener.accept()
+            except TimeoutError:
+                continue
+            handler.start(conn)
     finally:
-        os.umask(old_mask)
-    path.chmod(0o600)
-    if os.geteuid() == 0 and owner != 0:
-        os.chown(path, owner, -1)
-    log.info("loader listening on %s (peers with UID %s only)", path,
-             ", ".join(str(u) for u in sorted(allowed)))
-    async with server:
-        await stop.wait()
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
-    await handler.finish()
+        listener.close()
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    handler.finish()
 
 
 class _Connections:
     def __init__(self, allowed: Collection[int], service: LoaderService) -> None:
         self.allowed = frozenset(allowed)
         self.service = service
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._threads: set[threading.Thread] = set()
+        self._guard = threading.Lock()
 
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._tasks.add(task)
+    def start(self, conn: socket.socket) -> None:
+        thread = threading.Thread(target=self.handle, args=(conn,), name="loader connection")
+        with self._guard:
+            self._threads.add(thread)
+        thread.start()
+
+    def handle(self, conn: socket.socket) -> None:
         try:
-            await self._handle(reader, writer)
-            await _linger(reader, writer)
+            with conn:
+                self._handle(conn)
+                _linger(conn)
         except Exception:
             log.exception("a loader connection failed")
         finally:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
-            if task is not None:
-                self._tasks.discard(task)
+            with self._guard:
+                self._threads.discard(threading.current_thread())
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        sock = writer.get_extra_info("socket")
-        uid = peer_uid(sock)
+    def _handle(self, conn: socket.socket) -> None:
+        uid = peer_uid(conn)
         if uid not in self.allowed:
             log.warning("refused a connection from UID %d (allowed: %s)", uid,
                         ", ".join(str(u) for u in sorted(self.allowed)))
-            await _send(writer, protocol.refused(REQUEST_STEP, f"peer UID {uid} may not use "
-                                                               "the loader"))
+            _send(conn, protocol.refused(REQUEST_STEP, f"peer UID {uid} may not use the "
+                                                       "loader"))
             return
-        try:
-            data = await asyncio.wait_for(_read_request(reader), READ_TIMEOUT)
-        except TimeoutError:
-            await _send(writer, protocol.refused(REQUEST_STEP, f"no whole request within "
-                                                               f"{READ_TIMEOUT:g} s"))
+        data = _read_request(conn, time.monotonic() + READ_TIMEOUT)
+        if data is None:
+            _send(conn, protocol.refused(REQUEST_STEP, f"no whole request within "
+                                                       f"{READ_TIMEOUT:g} s"))
             return
-        await _send(writer, await self.service.answer(data, lambda: hung_up(sock)))
+        _send(conn, self.service.answer(data, lambda: hung_up(conn)))
 
-    async def finish(self) -> None:
+    def finish(self) -> None:
         """Wait for the connections under way (a load is never cut off)."""
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        while True:
+            with self._guard:
+                running = next(iter(self._threads), None)
+            if running is None:
+                return
+            running.join()
 
 
-async def _read_request(reader: asyncio.StreamReader) -> bytes:
+def _read_request(conn: socket.socket, deadline: float) -> bytes | None:
     """Up to a newline or the end of input, and never more than one byte past the bound
-    (so an oversized request is refused as such, unread beyond it)."""
+    (so an oversized request is refused as such, unread beyond it); None when the peer
+    has not sent that much by ``deadline``."""
     data = bytearray()
     while len(data) <= protocol.MAX_REQUEST:
-        chunk = await reader.read(protocol.MAX_REQUEST + 1 - len(data))
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        conn.settimeout(left)
+        try:
+            chunk = conn.recv(protocol.MAX_REQUEST + 1 - len(data))
+        except TimeoutError:
+            return None
         if not chunk:
             break
         data += chunk
@@ -329,19 +361,23 @@ LINGER = 1.0
 LINGER_BYTES = 1 << 20
 
 
-async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+def _linger(conn: socket.socket) -> None:
     """End the answer, then read what the peer still sends (bounded in time and bytes)
     before closing: a unix socket closed with input unread resets the connection, and
     the peer would lose the answer (a refusal sent before its request was read)."""
-    with contextlib.suppress(Exception):
-        writer.write_eof()
-        async with asyncio.timeout(LINGER):
-            seen = 0
-            while seen < LINGER_BYTES and (chunk := await reader.read(65536)):
-                seen += len(chunk)
+    with contextlib.suppress(OSError):
+        conn.shutdown(socket.SHUT_WR)
+        deadline = time.monotonic() + LINGER
+        seen = 0
+        while seen < LINGER_BYTES and (left := deadline - time.monotonic()) > 0:
+            conn.settimeout(left)
+            chunk = conn.recv(65536)
+            if not chunk:
+                return
+            seen += len(chunk)
 
 
-async def _send(writer: asyncio.StreamWriter, answer: bytes) -> None:
-    with contextlib.suppress(ConnectionError):
-        writer.write(answer)
-        await writer.drain()
+def _send(conn: socket.socket, answer: bytes) -> None:
+    with contextlib.suppress(OSError):
+        conn.settimeout(SEND_TIMEOUT)
+        conn.sendall(answer)
