@@ -10,8 +10,9 @@ such loop runs under :func:`supervise`, which says so in the log and starts it a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
 log = logging.getLogger(__name__)
 
@@ -58,3 +59,14 @@ async def supervise(
             delay = INITIAL_DELAY
         await asyncio.sleep(delay)
         delay = min(delay * 2, max_delay)
+
+
+async def cancel_all(tasks: Iterable[asyncio.Task[object] | None]) -> None:
+    """Cancel ``tasks`` (None: no task) and wait until each has ended: what stopping a set of
+    per-claim workers takes, so none outlives the object that started it."""
+    started = [task for task in tasks if task is not None]
+    for task in started:
+        task.cancel()
+    for task in started:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -38,7 +38,6 @@ prepared already: nothing is done for it (its pod is bound).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -48,6 +47,7 @@ from typing import Any
 from api_versions.claim_binding import binding_states
 from api_versions.resource_claims import claim_ref, parse_claim
 from plugin.process import metrics
+from plugin.process.supervise import cancel_all
 from plugin.programming.outcome import LOADED, Outcome
 from plugin.programming.programmer import Programmer
 from plugin.serving.dra.apiserver import ApiRefused, Conflict, NotFound, retry_pause, translate
@@ -152,12 +152,7 @@ class BindingLoader:
             self.gone(uid)
 
     async def close(self) -> None:
-        tasks = [c.task for c in self._claims.values() if c.task is not None]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_all(c.task for c in self._claims.values())
         for uid in list(self._claims):
             self.gone(uid)
 

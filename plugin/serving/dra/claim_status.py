@@ -27,7 +27,6 @@ driver only stops following it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -35,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from plugin.process import metrics
+from plugin.process.supervise import cancel_all
 from plugin.serving.dra.apiserver import (
     ApiFailure,
     ApiRefused,
@@ -208,12 +208,7 @@ class ClaimStatusReporter:
 
     async def close(self) -> None:
         self._closed = True
-        tasks = [c.task for c in self._claims.values() if c.task is not None]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_all(c.task for c in self._claims.values())
 
     @property
     def pending(self) -> int:
