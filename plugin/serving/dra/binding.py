@@ -82,6 +82,9 @@ class _Claim:
     """(pool, device, shareID) of each result waited on: another allocation is another claim."""
     held: list[str]
     task: asyncio.Task[None] | None = None
+    owner: str | None = None
+    """A claim seen before this one that holds one of its whole devices (then this one
+    holds none, and is refused: a device has one owner)."""
     answered: bool = False
     said: set[object] = field(default_factory=set)
 
@@ -130,7 +133,7 @@ class BindingLoader:
         if not mine:
             return
         if known is None:
-            known = self._claims[ref.uid] = _Claim(ref, key, self._hold(ref.uid, mine))
+            known = self._claims[ref.uid] = self._held_for(ref, key, mine)
         if known.task is not None or known.answered or ref.uid in self._checkpoint:
             return
         if all(s.settled for s in mine):
@@ -158,14 +161,20 @@ class BindingLoader:
 
     # -- the work --------------------------------------------------------------------------
 
-    def _hold(self, uid: str, mine: tuple[BindingState, ...]) -> list[str]:
-        """The whole devices of the claim, held for it (a share never loads anything)."""
+    def _held_for(self, ref: ClaimRef, key: tuple[tuple[str, str, str | None], ...],
+                  mine: tuple[BindingState, ...]) -> _Claim:
+        """The claim followed, its whole devices held for it (a share never loads anything),
+        unless a claim seen before holds one of them: the first claim seen keeps a device."""
         names = self._device_names()
-        held = [names[s.result.device] for s in mine
-                if s.result.share_id is None and s.result.device in names]
-        if held:
-            self.programmer.claim_started(uid, held)
-        return held
+        whole = [names[s.result.device] for s in mine
+                 if s.result.share_id is None and s.result.device in names]
+        owner = next((other for other in self._claims.values()
+                      if set(other.held) & set(whole)), None)
+        if owner is not None:
+            return _Claim(ref, key, [], owner=describe(owner.ref))
+        if whole:
+            self.programmer.claim_started(ref.uid, whole)
+        return _Claim(ref, key, whole)
 
     async def _answer(self, known: _Claim, version: str, obj: Mapping[str, Any],
                       mine: tuple[BindingState, ...]) -> None:
@@ -173,6 +182,7 @@ class BindingLoader:
         outcomes: tuple[Outcome, ...] = ()
         failure: str | None = None
         try:
+            self._sole_owner(known)
             allocation = parse_claim(version, obj, self.driver)
             devices = self._devices(ref, allocation.results_for(self.driver))
             outcomes = await self.functions.program(ref, allocation, devices)
@@ -194,6 +204,16 @@ class BindingLoader:
             await self._written(known, reports)
         finally:
             known.task = None
+
+    @staticmethod
+    def _sole_owner(known: _Claim) -> None:
+        """:class:`Refused` when a claim seen before this one holds one of its whole devices:
+        a device has one owner, and the first claim seen keeps it (whichever of the two is
+        answered first), so two claims allocated one device are never both ready."""
+        if known.owner is not None:
+            raise Refused(f"claim {describe(known.ref)}: a device of it is allocated to claim "
+                          f"{known.owner} too; a device has one owner, so this claim must be "
+                          "allocated again")
 
     def _abandoned(self, ref: ClaimRef, outcomes: tuple[Outcome, ...]) -> None:
         metrics.dra_binding(self.driver, "abandoned")
