@@ -41,6 +41,16 @@ so a kustomize ``namePrefix`` or a Helm release name does not lose it."""
 
 
 @dataclass(frozen=True)
+class Unread:
+    """A device whose function cannot be read (an AWS slot whose SDK describe fails, or
+    that no describe is run for): it may hold any function of its ``family``, so it is not
+    taken as holding nothing."""
+
+    family: str
+    why: str
+
+
+@dataclass(frozen=True)
 class GrantsSource:
     """``--function-grants <namespace>`` and ``--guarded-classes``."""
 
@@ -111,6 +121,27 @@ class GuardedFunctions:
             f"DeviceClass{'es' if len(unknown) > 1 else ''} cannot be read "
             f"({'; '.join(f'{c}: {self.unreadable[c]}' for c in unknown)}), so it may be "
             "guarded by")
+
+    def unread_refusal(self, namespace: str, unread: Unread,
+                       granted: frozenset[str] | None, why_not_read: str = "") -> str | None:
+        """Why ``namespace`` may not have a device whose function cannot be read: it may
+        hold any guarded function of its family, so it is refused unless the namespace is
+        granted every class that may guard one (failing closed); None when none may."""
+        shown = f"the function it holds cannot be read ({unread.why})"
+        if self.blind:
+            return (f"{shown}, and which functions are guarded cannot be told "
+                    f"({self.blind}); refused until either can")
+        classes = sorted({c for (family, _), named in self.classes.items()
+                          if family == unread.family for c in named} | set(self.unreadable))
+        if not classes or (granted is not None and granted >= set(classes)):
+            return None
+        names = ", ".join(classes)
+        whether = (f"whether namespace {namespace} is granted it cannot be told "
+                   f"({why_not_read})" if granted is None
+                   else f"namespace {namespace} is not granted {'all of ' * (len(classes) > 1)}"
+                   f"{'them' if len(classes) > 1 else 'it'}")
+        return (f"{shown}, so it may hold a {unread.family} function guarded by DeviceClass "
+                f"{names}, and {whether}; refused until its function can be read")
 
     @staticmethod
     def _not_granted(namespace: str, shown: str, classes: Sequence[str],

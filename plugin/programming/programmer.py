@@ -204,9 +204,14 @@ class Programmer:
         """The function ``device_id`` holds once no load is changing it (None: the device
         is gone, or discovery cannot tell): what a share of it must need, since a share
         never programs."""
+        return (await self.held_or_why(device_id))[0]
+
+    async def held_or_why(self, device_id: str) -> tuple[str | None, str]:
+        """:meth:`held_now`, and why it cannot be read ("" when it can: None is then
+        nothing), so a guard can fail closed on a slot whose describe fails."""
         await self.settled([device_id])
         device = self._devices().get(device_id)
-        return None if device is None else await self._held(device)
+        return (None, "") if device is None else await self._read_held(device)
 
     def unprepared(self, uid: str, outcomes: Iterable[Outcome],
                    holders: Callable[[str], list[str]]) -> None:
@@ -394,17 +399,20 @@ class Programmer:
                 pass
 
     async def _held(self, device: Device) -> str | None:
+        return (await self._read_held(device))[0]
+
+    async def _read_held(self, device: Device) -> tuple[str | None, str]:
         held = held_function(device)
         if held is not None or device.backend != "aws":
-            return held
+            return held, ""
         loader = self.loaders.get(device.backend)
         if loader is None:
-            return None
+            return None, f"no describe of the AWS SDK is run here ({self.unavailable(device)})"
         try:
-            return await loader.loaded(device)
+            return await loader.loaded(device), ""
         except LoadFailed as failure:
             log.warning("cannot tell which function %s holds: %s", device.id, failure)
-            return None
+            return None, str(failure)
 
     def _device(self, device_id: str) -> Device:
         device = self._devices().get(device_id)

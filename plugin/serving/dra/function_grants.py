@@ -43,6 +43,7 @@ from plugin.programming.guarded import (
     Function,
     GrantsSource,
     GuardedFunctions,
+    Unread,
     granted_classes,
     guarded_functions,
 )
@@ -70,9 +71,9 @@ class Reads(Protocol):
     async def device_classes(self) -> list[dict[str, Any]]: ...
 
 
-HeldFunction = Callable[[str], Awaitable[Function | None]]
-"""Device ID -> the function it holds once nothing is changing it (None: nothing, or nothing
-this driver can read)."""
+HeldFunction = Callable[[str], Awaitable[Function | Unread | None]]
+"""Device ID -> the function it holds once nothing is changing it (None: nothing; Unread: it
+cannot be read, so it may be any of its family's)."""
 
 
 class FunctionGrants:
@@ -173,18 +174,28 @@ class FunctionGrants:
                        loads: Mapping[str, Function]
                        ) -> list[tuple[PreparedDevice, Function, str]]:
         """Each device of claim ``ref`` the claim's namespace may not have, with the
-        function and why: the function the claim loads there (``loads``: device ID ->
-        function, for a device allocated whole whose claim names one), else the one the
-        device holds (asked once nothing is changing it). Empty: prepare goes on."""
+        function (an empty ID: what it holds cannot be read) and why: the function the claim
+        loads there (``loads``: device ID -> function, for a device allocated whole whose
+        claim names one), else the one the device holds (asked once nothing is changing
+        it). Empty: prepare goes on."""
         found = []
         guarded: GuardedFunctions | None = None
         for device in devices:
             function = loads.get(device.device_id) if device.share_id is None else None
-            function = function or await self._held(device.device_id)
-            if function is None:
+            held = function or await self._held(device.device_id)
+            if held is None:
                 continue
             if guarded is None:
                 guarded = await self.catalogue()
+            if isinstance(held, Unread):
+                if guarded.unread_refusal(ref.namespace, held, frozenset()) is None:
+                    continue  # no function of its family is guarded
+                granted, why = await self.granted(ref.namespace)
+                refusal = guarded.unread_refusal(ref.namespace, held, granted, why)
+                if refusal is not None:
+                    found.append((device, (held.family, ""), guarded.said(refusal)))
+                continue
+            function = held
             if not (guarded.blind or guarded.unreadable or function in guarded.classes):
                 continue
             granted, why = await self.granted(ref.namespace)
@@ -201,13 +212,16 @@ def held_on(devices: Callable[[], DeviceSet], programmer: Programmer | None) -> 
     changing it (the programmer waits for those, and asks an AWS slot's SDK), else as
     discovery read it."""
 
-    async def held(device_id: str) -> Function | None:
-        function_id = await programmer.held_now(device_id) if programmer is not None else None
+    async def held(device_id: str) -> Function | Unread | None:
+        function_id, why = (await programmer.held_or_why(device_id) if programmer is not None
+                            else (None, ""))
         device = devices().get(device_id)
         if device is None:
             return None
         if programmer is None:
             function_id = held_function(device)
+        if why:
+            return Unread(device.backend, why)
         return (device.backend, function_id) if function_id else None
 
     return held

@@ -164,7 +164,7 @@ class FunctionStep:
                 outcome=audit.NOT_GRANTED, namespace=ref.namespace, claim=ref.name,
                 uid=ref.uid, pods=allocation.reserved_for,
                 device_class=classes.class_of(device.requests[0]),
-                function=function_shown(family, function_id),
+                function=function_shown(family, function_id, "unreadable"),
                 image=spec.image if spec is not None else None, sha256=None, node=self.node,
                 device=f"{device.pool}/{device.device}", device_id=device.device_id,
                 detail=why, share_id=device.share_id))
