@@ -209,30 +209,25 @@ def scan(root: Path = ROOT) -> list[str]:
 # -- the check's own cases ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("source", [
-    "import time\nstarted = time.monotonic()\nassert time.monotonic() - started < 10\n",
-    "def f(loop):\n    t = loop.time()\n    assert loop.time() - t < BOUND\nBOUND = 1.0\n",
-    "def f():\n    took = g()\n    assert took < 2.0, f'{took}'\n",
-    "async def f(until):\n    back = await until(lambda: 1, 'x')\n    assert back < 1.0\n",
-    "def f(took):\n    assert max(took) < limit\n",
-    "async def f(within=WIPE):\n    elapsed = 3\n    assert 0 < elapsed <= within\nWIPE = 1\n",
-    "def f(x):\n    assert x.ok and 5.0 > x.elapsed\n",
-    "async def f(n):\n    assert await time_until_served(n) < 0.4 + 0.5\n",
-])
+SAMPLES = Path(__file__).parent / "timed_assert_samples"
+"""Sources of the check's own cases, kept in text files: they are samples of the defect (and
+of what is not one), not assertions of this suite."""
+
+
+def samples(name: str) -> list[str]:
+    """The blocks of ``name``: sources separated by lines of dashes, the header dropped."""
+    blocks = (SAMPLES / name).read_text().split("# ----\n")[1:]
+    return [block for block in blocks if block.strip()]
+
+
+@pytest.mark.parametrize("source", samples("named.txt"))
 def test_a_duration_bounded_below_the_timeout_is_named(tmp_path: Path, source: str) -> None:
     path = tmp_path / "tests" / "test_x.py"
     assert [w.split(":")[0] for w in timed_asserts(path, source, tmp_path)] == \
         ["tests/test_x.py"]
 
 
-@pytest.mark.parametrize("source", [
-    "import time\nt = time.monotonic()\nassert time.monotonic() - t >= 0.5\n",  # a lower bound
-    "def f(took):\n    assert took < 120\n",  # no tighter than the suite
-    "def f(replies):\n    assert len(replies) <= 15\n",  # a count
-    "def f(x):\n    assert x.status < 400 and x.ok\n",
-    "async def f(d):\n    assert await d.terminate(timeout=10) == 0\n",
-    "def f(gaps):\n    assert all(gap >= 1.9 for gap in gaps)\n",
-])
+@pytest.mark.parametrize("source", samples("not_named.txt"))
 def test_counts_lower_bounds_and_generous_limits_are_not(tmp_path: Path, source: str) -> None:
     assert timed_asserts(tmp_path / "test_x.py", source, tmp_path) == []
 
@@ -240,8 +235,7 @@ def test_counts_lower_bounds_and_generous_limits_are_not(tmp_path: Path, source:
 def test_a_bound_imported_from_a_sibling_module_is_read_there(tmp_path: Path) -> None:
     (tmp_path / "compat_tests").mkdir()
     (tmp_path / "compat_tests" / "limits.py").write_text("QUICK = 2.0\nSLOW = 300.0\n")
-    source = ("from compat_tests.limits import QUICK, SLOW\n"
-              "def f(took):\n    assert took < QUICK\n    assert took < SLOW\n")
+    source = (SAMPLES / "imported_bound.txt").read_text()
     path = tmp_path / "compat_tests" / "test_x.py"
     assert timed_asserts(path, source, tmp_path) == ["compat_tests/test_x.py:3"]
 
