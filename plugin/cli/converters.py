@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from plugin.cli.settings import DEFAULT_GENERATIONS
 from plugin.model.replicas import Replicas, parse_replicas
 from plugin.model.resource_names import dns_subdomain_problem, resource_name_problem
+from value_types.pool import is_dns_label
 
 if TYPE_CHECKING:
     from plugin.serving.dra.share_setting import FamilyShare
@@ -124,14 +124,14 @@ def dns_subdomain(text: str) -> str:
 
 def dns_label(text: str) -> str:
     """A namespace name (``--function-grants``)."""
-    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", text):
+    if not is_dns_label(text):
         raise argparse.ArgumentTypeError(f"{text!r} is not a namespace name (a lowercase DNS "
                                          "label of at most 63 characters)")
     return text
 
 
 def class_names(text: str) -> tuple[str, ...]:
-    """``--function-grants-classes``: DeviceClass names, comma-separated."""
+    """``--guarded-classes``: DeviceClass names, comma-separated."""
     names = tuple(sorted({n.strip() for n in text.split(",") if n.strip()}))
     for name in names:
         problem = dns_subdomain_problem(name)

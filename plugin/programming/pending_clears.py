@@ -72,9 +72,6 @@ class PendingClears:
             self._entries = {}
         return dict(self._entries)
 
-    def entries(self) -> dict[str, PendingClear]:
-        return dict(self._entries)
-
     def add(self, clears: list[PendingClear]) -> None:
         """Record ``clears`` (each replacing its device's entry); OSError when the file
         cannot be written, and then nothing is changed."""

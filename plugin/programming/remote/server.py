@@ -49,6 +49,7 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
+from plugin.programming.card_state import card_of
 from plugin.programming.digest import DIGEST_STEP
 from plugin.programming.library import ImageLibrary
 from plugin.programming.loaders.base import LoadFailed, LoadJob, LocalLoader
@@ -170,7 +171,7 @@ class LoaderService:
                 self.library.resolve(request.image)
             except ValueError as exc:
                 raise LoadFailed(CHECK_STEP, f"{device.id}: {exc}", touched=False) from None
-        card = device.attribute("fme_node") or device.attribute("pci_address") or device.id
+        card = card_of(device)
         lock = self._card_lock(card)
         started = time.monotonic()
         taken = _take(lock, deadline, gone)
