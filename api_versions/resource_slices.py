@@ -38,7 +38,7 @@ caller says (from its version and gates, or by :func:`dropped_taints` on what it
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from api_versions.resource_versions import api_version, check_known
@@ -211,15 +211,19 @@ def dropped_taints(version: str, sent: Mapping[str, Any], stored: Mapping[str, A
     return any(after.get(name, 0) < count for name, count in before.items())
 
 
-def _shared_devices(version: str, slice_obj: Mapping[str, Any]) -> set[str]:
+def _devices_with(version: str, slice_obj: Mapping[str, Any],
+                  has: Callable[[Mapping[str, Any]], bool]) -> set[str]:
+    """Names of the slice's devices whose fields satisfy ``has``."""
     spec = slice_obj.get("spec")
     devices = spec.get("devices") if isinstance(spec, Mapping) else None
-    shared: set[str] = set()
-    for device in devices if isinstance(devices, list) else []:
-        if isinstance(device, Mapping) and \
-                device_fields(version, device).get("allowMultipleAllocations") is True:
-            shared.add(str(device.get("name", "")))
-    return shared
+    return {str(device.get("name", "")) for device in (devices if isinstance(devices, list)
+                                                       else [])
+            if isinstance(device, Mapping) and has(device_fields(version, device))}
+
+
+def _shared_devices(version: str, slice_obj: Mapping[str, Any]) -> set[str]:
+    return _devices_with(version, slice_obj,
+                         lambda fields: fields.get("allowMultipleAllocations") is True)
 
 
 def dropped_sharing(version: str, sent: Mapping[str, Any], stored: Mapping[str, Any]
@@ -231,12 +235,7 @@ def dropped_sharing(version: str, sent: Mapping[str, Any], stored: Mapping[str, 
 
 
 def _bound_devices(version: str, slice_obj: Mapping[str, Any]) -> set[str]:
-    spec = slice_obj.get("spec")
-    devices = spec.get("devices") if isinstance(spec, Mapping) else None
-    return {str(device.get("name", "")) for device in (devices if isinstance(devices, list)
-                                                       else [])
-            if isinstance(device, Mapping) and device_fields(version, device).get(
-                "bindingConditions")}
+    return _devices_with(version, slice_obj, lambda fields: bool(fields.get("bindingConditions")))
 
 
 def dropped_binding(version: str, sent: Mapping[str, Any], stored: Mapping[str, Any]

@@ -223,15 +223,11 @@ class BindingLoader:
                  "; what was loaded for it is cleared as at unprepare"
                  if any(o.spec.clear for o in loaded) else "")
         try:
-            self.programmer.unprepared(ref.uid, loaded, lambda d: self.holders(ref.uid, d))
+            self.programmer.unprepared(ref.uid, loaded,
+                                       lambda d: self._checkpoint.holders(d, but=ref.uid))
         except OSError as exc:
             log.error("claim %s: the clear of its devices cannot be recorded: %s",
                       describe(ref), exc)
-
-    def holders(self, uid: str, device_id: str) -> list[str]:
-        """The recorded (prepared) claims other than ``uid`` that hold ``device_id``."""
-        return [describe(c.ref) for c in self._checkpoint.claims.values()
-                if c.ref.uid != uid and any(d.device_id == device_id for d in c.devices)]
 
     def _reports(self, mine: tuple[BindingState, ...], outcomes: tuple[Outcome, ...],
                  failure: str | None) -> tuple[DeviceStatusReport, ...]:

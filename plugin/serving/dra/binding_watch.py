@@ -85,14 +85,13 @@ class BindingSide:
             await api.apply_claim_status(lambda version: status_apply(version, ref, reports),
                                          field_manager=manager)
 
-        loader: BindingLoader | None = None
+        checkpoint = preparer.checkpoint
         functions = FunctionStep(place.driver, place.node, programmer,
-                                 lambda uid, device_id: loader.holders(uid, device_id)
-                                 if loader is not None else [],
+                                 lambda uid, device_id: checkpoint.holders(device_id, but=uid),
                                  Auditor(self._claim_told), device_classes=api.device_classes)
-        loader = BindingLoader(place.driver, place.node, device_names, preparer._devices,
-                               functions, programmer, preparer.checkpoint, write)
-        self.loader = loader
+        loader = self.loader = BindingLoader(place.driver, place.node, device_names,
+                                             preparer._devices, functions, programmer,
+                                             checkpoint, write)
         self._task = asyncio.create_task(follow_claims(api, loader),
                                          name="claims waiting to bind")
 

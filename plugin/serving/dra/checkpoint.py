@@ -81,7 +81,7 @@ from plugin.serving.dra.checkpoint_format import (
     with_changes,
 )
 from plugin.serving.dra.holdings import DeviceHoldings, holdings_of, holds_a_share
-from plugin.serving.dra.prepared import PreparedClaim
+from plugin.serving.dra.prepared import PreparedClaim, describe
 from plugin.version import VERSION
 
 log = logging.getLogger(__name__)
@@ -176,6 +176,13 @@ class ClaimCheckpoint:
     def claims(self) -> Mapping[str, PreparedClaim]:
         """A read-only view of every claim prepared, by UID."""
         return MappingProxyType(self._claims)
+
+    def holders(self, device_id: str, but: str = "") -> list[str]:
+        """The recorded claims (other than UID ``but``) holding ``device_id``, described:
+        who a load or a clear of the device would change things under."""
+        return [describe(claim.ref) for claim in self.claims.values()
+                if claim.ref.uid != but and any(d.device_id == device_id
+                                                for d in claim.devices)]
 
     def device_holdings(self) -> DeviceHoldings | None:
         """What the recorded claims hold of each device (whole, or shares' contexts), or

@@ -75,7 +75,7 @@ class ClaimClears:
             return
         self.programmer.clears.forget(c for c in clears if results.get(c.claim))
         self.programmer.clears.start([c for c in clears if not results.get(c.claim)],
-                                     self._holders)
+                                     self.checkpoint.holders)
 
     def take_over(self) -> None:
         """The checkpoint reads, through the socket this instance holds: resume what the
@@ -85,7 +85,7 @@ class ClaimClears:
         self.taken_over = True
         held = {d.device_id: describe(claim.ref)
                 for claim in self.checkpoint.claims.values() for d in claim.devices}
-        self.programmer.clears.resume(held, self._holders)
+        self.programmer.clears.resume(held, self.checkpoint.holders)
 
     def refusal(self, ref: ClaimRef, device_ids: Iterable[str]) -> str | None:
         """Why claim ``ref`` cannot be prepared now: a device of it is being cleared after
@@ -103,10 +103,6 @@ class ClaimClears:
     def draining(self) -> frozenset[str]:
         """Devices published draining: their resumed clear is not over."""
         return frozenset(self.programmer.clears.resumed) if self.programmer else frozenset()
-
-    def _holders(self, device_id: str) -> list[str]:
-        return [describe(c.ref) for c in self.checkpoint.claims.values()
-                if any(d.device_id == device_id for d in c.devices)]
 
 
 def stopping_error(refs: Sequence[ClaimRef]) -> dict[str, str]:

@@ -49,7 +49,7 @@ from plugin.programming.guarded import (
 )
 from plugin.programming.image_checks import held_function
 from plugin.programming.programmer import Programmer
-from plugin.serving.dra.apiserver import ApiFailure
+from plugin.serving.dra.apiserver import ApiFailure, NotFound
 from value_types.claims import ClaimRef, PreparedDevice
 from value_types.devices import Device, DeviceSet
 
@@ -159,7 +159,7 @@ class FunctionGrants:
                 await self._api().get_namespace(namespace)))
             why = ""
         except ApiFailure as exc:
-            gone = exc.status == 404 and not getattr(exc, "unserved", False)
+            gone = isinstance(exc, NotFound) and not exc.unserved
             found, why = (frozenset(), "") if gone else (None, f"Namespace {namespace}: {exc}")
         except TimeoutError:
             found, why = None, f"reading Namespace {namespace} timed out"

@@ -259,9 +259,7 @@ class ClaimPreparer:
 
     def _holders(self, uid: str, device_id: str) -> list[str]:
         """The other recorded claims holding ``device_id``."""
-        return [describe(claim.ref) for claim in self.checkpoint.claims.values()
-                if claim.ref.uid != uid and any(d.device_id == device_id
-                                                for d in claim.devices)]
+        return self.checkpoint.holders(device_id, but=uid)
 
     async def _read(self, ref: ClaimRef) -> ClaimAllocation:
         async with self._reads:
