@@ -136,15 +136,7 @@ async def test_a_clear_cut_off_by_the_loader_dying_quarantines_the_port(
     socket = sockdir / "loader" / "l.sock"
     async with world_with(tmp_path, sockdir, logdir, socket, True) as (world, loader):
         assert loader is not None
-        write_image(world.library, "intel/nlb0.gbs", build_gbs(
-            afu_ids=(NLB0_AFU_ID,), interface_id=dashed(DEFAULT_INTERFACE_ID)))
-        first = world.claim("first", DFL_PORT, CLEARING)
-        result = await world.prepare(first)
-        assert result.ok, result.error
-        write_stand_in_tools(tmp_path / "tools", world.node, delay=6.0)  # a slow clear
-        assert world.kubelet.dra is not None
-        assert (await world.kubelet.dra.unprepare([first])).ok
-        await until(lambda: len(world.tools.invocations("fpgaconf")) == 2, "the clear begun")
+        await _clear_begun(world, tmp_path, 6.0)
         loader.stop()  # SIGKILL, mid-clear
         await until(lambda: world.published()[DFL_PORT]["taints"],
                     "the port tainted: what it holds is unknown")
@@ -166,15 +158,7 @@ async def test_a_driver_killed_in_the_middle_of_a_clear_runs_it_again_before_the
     restarted driver neither offers the port as it is nor lets a claim have it before the
     clear has run again to its end."""
     world = plain
-    write_image(world.library, "intel/nlb0.gbs", build_gbs(
-        afu_ids=(NLB0_AFU_ID,), interface_id=dashed(DEFAULT_INTERFACE_ID)))
-    first = world.claim("first", DFL_PORT, CLEARING)
-    result = await world.prepare(first)
-    assert result.ok, result.error
-    write_stand_in_tools(tmp_path / "tools", world.node, delay=4.0)  # a slow clear
-    assert world.kubelet.dra is not None
-    assert (await world.kubelet.dra.unprepare([first])).ok
-    await until(lambda: len(world.tools.invocations("fpgaconf")) == 2, "the clear begun")
+    await _clear_begun(world, tmp_path, 4.0)
     world.plugin.kill()  # SIGKILL, mid-clear
     pending = json.loads((sockdir / "state" / "pending-clears.json").read_text())
     assert len(pending["clears"]) == 1, pending  # not over: still to be done
@@ -191,3 +175,17 @@ async def test_a_driver_killed_in_the_middle_of_a_clear_runs_it_again_before_the
         {"clears": {}}
     await until(lambda: not world.published()[DFL_PORT]["taints"],
                 "the port offered again, its state known")
+
+
+async def _clear_begun(world: World, tmp_path: Path, delay: float) -> None:
+    """A claim given nlb3 and then unprepared, its clear to nlb0 begun with tools that take
+    ``delay`` seconds: the moment a crash would cut the clear off."""
+    write_image(world.library, "intel/nlb0.gbs", build_gbs(
+        afu_ids=(NLB0_AFU_ID,), interface_id=dashed(DEFAULT_INTERFACE_ID)))
+    first = world.claim("first", DFL_PORT, CLEARING)
+    result = await world.prepare(first)
+    assert result.ok, result.error
+    write_stand_in_tools(tmp_path / "tools", world.node, delay=delay)  # a slow clear
+    assert world.kubelet.dra is not None
+    assert (await world.kubelet.dra.unprepare([first])).ok
+    await until(lambda: len(world.tools.invocations("fpgaconf")) == 2, "the clear begun")

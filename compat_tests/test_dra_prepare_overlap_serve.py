@@ -53,7 +53,7 @@ from compat_tests.test_dra_shares_e2e import (
     CARD,
     CARD_BDF,
     CLEAR_UUID,
-    SHARED,
+    card_shared,
     result_of,
     share,
     share_class,
@@ -109,11 +109,7 @@ async def twice_at_once(world: World, ref: ClaimRef) -> list[Any]:
 @pytest.fixture
 async def card(tmp_path: Path, sockdir: Path, logdir: Path) -> AsyncIterator[World]:
     """An Alveo card holding app.xclbin, published shared four ways; claim reads take 1 s."""
-    async for world in running(tmp_path, sockdir, logdir, "--dra-share", "alveo=4",
-                               "--rescan-interval", "0.2"):
-        load_xclbin(world.node, CARD_BDF, XCLBIN_UUID)
-        await until(lambda w=world: shared(w, CARD) == 4, "the card published shared")
-        share_class(world, SHARED, XCLBIN_UUID)
+    async for world in card_shared(tmp_path, sockdir, logdir):
         world.api.faults.slow_down("get", "resourceclaims", 1.0)
         yield world
 

@@ -33,6 +33,7 @@ from compat_tests.test_dra_shares_e2e import (
     CARD_BDF,
     CLEAR_UUID,
     SHARED,
+    card_shared,
     entries,
     prepared,
     share,
@@ -124,11 +125,7 @@ async def test_a_share_naming_no_function_placed_before_the_clear_is_refused_aft
 
 @pytest.fixture
 async def card(tmp_path: Path, sockdir: Path, logdir: Path) -> AsyncIterator[World]:
-    async for world in running(tmp_path, sockdir, logdir, "--dra-share", "alveo=4",
-                               "--rescan-interval", "0.2"):
-        load_xclbin(world.node, CARD_BDF, XCLBIN_UUID)
-        await until(lambda w=world: shared(w, CARD) == 4, "the card published shared")
-        share_class(world, SHARED, XCLBIN_UUID)
+    async for world in card_shared(tmp_path, sockdir, logdir):
         yield world
 
 

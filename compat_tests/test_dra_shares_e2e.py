@@ -65,6 +65,17 @@ def share_class(world: World, name: str, uuid: str | None,
                                "config": list(config)}})
 
 
+
+async def card_shared(tmp_path: Path, sockdir: Path, logdir: Path) -> AsyncIterator[World]:
+    """``serve`` sharing Alveo cards four ways, the card holding app.xclbin published shared
+    and :data:`SHARED` the class of its shares."""
+    async for world in running(tmp_path, sockdir, logdir, "--dra-share", "alveo=4",
+                               "--rescan-interval", "0.2"):
+        load_xclbin(world.node, CARD_BDF, XCLBIN_UUID)
+        await until(lambda w=world: shared(w, CARD) == 4, "the card published shared")
+        share_class(world, SHARED, XCLBIN_UUID)
+        yield world
+
 def share(world: World, name: str, contexts: int, device_class: str = SHARED) -> ClaimRef:
     """A claim asking ``contexts`` of a device of ``device_class``, allocated by the
     emulated scheduler (:class:`AllocationError` when it cannot be)."""

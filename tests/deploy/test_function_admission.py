@@ -62,6 +62,24 @@ def renderings(kubectl, tmp_path_factory) -> dict[str, list[dict[str, Any]]]:
     }
 
 
+HOME = {"kustomize": "kube-system", "kustomize-moved": "accelerators",
+        "chart": "fpga-system", "chart-moved": "accelerators"}
+"""Each rendering's install (release) namespace: where the catalogue and the DaemonSet are.
+``chart`` is installed in a namespace of its own, as on the cluster where a fault was found."""
+
+
+def render_at_home(kubectl: Any, root: Path) -> dict[str, list[dict[str, Any]]]:
+    """The component and the chart, plain and moved, each installed at its :data:`HOME`."""
+    return {
+        "kustomize": render(kubectl, write_kustomization(root / "plain", COMPONENT)),
+        "kustomize-moved": render(kubectl, write_kustomization(root / "moved", COMPONENT,
+                                                               MOVED)),
+        "chart": helm_render(chart_values(), namespace=HOME["chart"]),
+        "chart-moved": helm_render(chart_values(), namespace=HOME["chart-moved"],
+                                   release="pool-a"),
+    }
+
+
 def guarded(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [o for o in objects
             if o["metadata"].get("labels", {}).get("app.kubernetes.io/component")

@@ -19,13 +19,11 @@ from typing import Any
 import admission_policy
 import pytest
 from admission_policy import Request, admit, admit_all
-from deploy_support import render, write_kustomization
 from helm_render import render as helm_render
 from k8s_schemas import validate
 from test_function_admission import (
-    COMPONENT,
+    HOME,
     LABEL,
-    MOVED,
     NLB0,
     PLAIN,
     SCHEMAS,
@@ -36,27 +34,17 @@ from test_function_admission import (
     namespace,
     parts,
     pod,
+    render_at_home,
     schema_problems,
     template,
 )
 
-HOME = {"kustomize": "kube-system", "kustomize-moved": "accelerators",
-        "chart": "fpga-system", "chart-moved": "accelerators"}
-"""Each rendering's install (release) namespace: where the catalogue and the DaemonSet are.
-``chart`` is installed as on the cluster where the fault was found."""
 NAMES = list(HOME)
 
 
 @pytest.fixture(scope="module")
 def renderings(kubectl, tmp_path_factory) -> dict[str, list[dict[str, Any]]]:
-    root = tmp_path_factory.mktemp("function-admission-catalogue")
-    return {
-        "kustomize": render(kubectl, write_kustomization(root / "plain", COMPONENT)),
-        "kustomize-moved": render(kubectl, write_kustomization(root / "moved", COMPONENT,
-                                                               MOVED)),
-        "chart": helm_render(chart_values(), namespace="fpga-system"),
-        "chart-moved": helm_render(chart_values(), namespace="accelerators", release="pool-a"),
-    }
+    return render_at_home(kubectl, tmp_path_factory.mktemp("function-admission-catalogue"))
 
 
 def without_catalogue(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -15,31 +15,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deploy_support import REPO, load_yaml_file, render, write_kustomization
+from deploy_support import REPO, load_yaml_file
 from helm_render import example_values
 from helm_render import render as helm_render
 from k8s_schemas import validate
-from test_function_admission import COMPONENT, MOVED, SCHEMAS, chart_values, parts
+from test_function_admission import HOME, SCHEMAS, parts, render_at_home
 
 from compat_tests.cel_devices import selectors_match
 from plugin.cli import config
 from plugin.programming.guarded import CATALOGUE_LABELS
 
 DRIVER = "accelerator.b-com.com"
-HOME = {"kustomize": "kube-system", "kustomize-moved": "accelerators",
-        "chart": "fpga-system", "chart-moved": "accelerators"}
 
 
 @pytest.fixture(scope="module")
 def renderings(kubectl, tmp_path_factory) -> dict[str, list[dict[str, Any]]]:
-    root = tmp_path_factory.mktemp("function-grants-driver")
-    return {
-        "kustomize": render(kubectl, write_kustomization(root / "plain", COMPONENT)),
-        "kustomize-moved": render(kubectl, write_kustomization(root / "moved", COMPONENT,
-                                                               MOVED)),
-        "chart": helm_render(chart_values(), namespace="fpga-system"),
-        "chart-moved": helm_render(chart_values(), namespace="accelerators", release="pool-a"),
-    }
+    return render_at_home(kubectl, tmp_path_factory.mktemp("function-grants-driver"))
 
 
 def settings_of(objects: list[dict[str, Any]]) -> config.Settings:
