@@ -30,6 +30,7 @@ import pytest
 from compat_tests.fake_fpga_tools import StandInTools, write_stand_in_tools
 from compat_tests.fake_sysfs import DEFAULT_INTERFACE_ID, build_intel_node
 from compat_tests.fpga_images import NLB3_AFU_ID, build_gbs, write_image
+from plugin.model.sha256 import sha256_hex
 from plugin.programming.ids import dashed
 
 NLB3 = NLB3_AFU_ID.replace("-", "")
@@ -37,11 +38,12 @@ PORT0 = "0000:3b:00.0"
 FORBIDDEN = ("grpc", "google", "aiohttp", "lightkube", "httpx", "kubernetes",
              "prometheus_client", "api_versions", "plugin.serving", "plugin.process.daemon",
              "plugin.process.metrics", "plugin.programming.programmer", "yaml", "asyncio",
-             "ssl")
+             "ssl", "hashlib", "_hashlib", "secrets")
 """Modules (and their submodules) the privileged process must never hold: the RPC and API
 clients, metrics, the serving code and the driver's programmer; asyncio (and the ssl it
-imports), a third of its memory, since it serves with threads; yaml only comes with
---config, which these runs do not give."""
+imports), a third of its memory, since it serves with threads; OpenSSL's hashing (hashlib,
+and secrets through hmac), which maps libcrypto for one hash the interpreter has built in
+(:mod:`plugin.model.sha256`); yaml only comes with --config, which these runs do not give."""
 
 
 class Loader:
@@ -195,6 +197,8 @@ def test_the_loader_refuses_an_unpinned_image_on_its_own(
 def test_the_loader_holds_no_client_and_no_serving_code(loader: Loader) -> None:
     assert loader.ask(INVENTORY)["ok"] is True
     assert loader.ask(load(PORT0))["ok"] is True  # a whole load, tool and all
+    pinned = sha256_hex((loader.library / "nlb3.gbs").read_bytes())
+    assert loader.ask(load(PORT0, sha256=pinned))["ok"] is True  # and a pinned one
     modules = loader.stop()
     assert "plugin.programming.remote.server" in modules  # what it is there for
     held = [m for m in modules if any(m == f or m.startswith(f + ".") for f in FORBIDDEN)]

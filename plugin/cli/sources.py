@@ -15,7 +15,6 @@ Nothing here names a flag: a flag registered through ``_EnvDefaults`` in
 from __future__ import annotations
 
 import argparse
-import difflib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,6 +179,8 @@ def _read_file(path: Path, options: Mapping[str, Option],
 
 
 def _unknown(key: str, options: Mapping[str, Option], commands: Sequence[str]) -> str:
+    import difflib  # here: only a mistyped key needs it, and every process parses flags
+
     reason = f"not a setting of {' or '.join(commands)}"
     near = difflib.get_close_matches(key.lstrip("-").replace("_", "-").lower(),
                                      [k for k in options if k != CONFIG_KEY], n=1,

@@ -11,11 +11,11 @@ Reprogramming a card moves it from one resource to another on the next scan.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import re
 
 from plugin.model.resource_names import resource_name_problem
+from plugin.model.sha256 import sha256_hex
 from value_types.devices import Device, DeviceSet
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ def afu_resource_name(prefix: str, afu_id: str) -> str:
     domain = prefix.strip().rstrip("/")
     cleaned = _NOT_NAME.sub("", afu_id.lower())
     if not cleaned or len(AFU_PREFIX) + len(cleaned) > MAX_SHORT_NAME:
-        cleaned = "h" + hashlib.sha256(afu_id.encode()).hexdigest()[:40]
+        cleaned = "h" + sha256_hex(afu_id.encode())[:40]
     return _checked(prefix, f"{domain}/{AFU_PREFIX}{cleaned}")
 
 
@@ -91,10 +91,10 @@ def shell_resource_name(prefix: str, shell: str, timestamp: str | None) -> str:
     whole = f"{shell}-{timestamp}" if timestamp else shell
     short = _NOT_SHELL_NAME.sub("-", whole).strip("-_.")
     if len(short) > MAX_SHORT_NAME:
-        digest = hashlib.sha256(whole.encode()).hexdigest()[:16]
+        digest = sha256_hex(whole.encode())[:16]
         short = f"{short[:MAX_SHORT_NAME - 17].rstrip('-_.')}-{digest}"
     if not short:
-        short = "shell-h" + hashlib.sha256(whole.encode()).hexdigest()[:40]
+        short = "shell-h" + sha256_hex(whole.encode())[:40]
     return _checked(prefix, f"{domain}/{short}")
 
 
@@ -131,7 +131,7 @@ def socket_name_for(resource_name: str, base_socket: str, mode: str) -> str:
     short = re.sub(r"[^A-Za-z0-9_.-]", "-", short) or "resource"
     if len(short) > MAX_SOCKET_SHORT:
         # Unix socket paths are short (107 bytes): keep a readable head and a digest.
-        digest = hashlib.sha256(short.encode()).hexdigest()[:16]
+        digest = sha256_hex(short.encode())[:16]
         short = f"{short[:MAX_SOCKET_SHORT - 17]}-{digest}"
     return f"{stem}-{short}{SOCKET_SUFFIX}"
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 from pathlib import Path
 
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
@@ -28,7 +27,7 @@ def replace_atomically(path: Path, text: str, *, mode: int = 0o644, sync: bool =
     ``O_EXCL`` on a random name keeps two writers (two instances during a rolling update)
     off each other's temporary file."""
     directory, name = os.path.split(path)
-    temporary = os.path.join(directory, f".{name}.{secrets.token_hex(6)}.tmp")
+    temporary = os.path.join(directory, f".{name}.{os.urandom(6).hex()}.tmp")
     data = text.encode()
     fd = os.open(temporary, _FLAGS, mode)
     try:

@@ -12,10 +12,11 @@ hashed.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from typing import BinaryIO
+
+from plugin.model.sha256 import new_sha256, sha256_hex
 
 DIGEST_STEP = "check image digest"
 """The step a load refused for a digest mismatch names (``LoadFailed.step``)."""
@@ -36,7 +37,7 @@ def normalise_sha256(value: object) -> str:
 
 def sha256_of_stream(stream: BinaryIO) -> str:
     """The digest of everything ``stream`` has left to read."""
-    hasher = hashlib.sha256()
+    hasher = new_sha256()
     while chunk := stream.read(CHUNK):
         hasher.update(chunk)
     return hasher.hexdigest()
@@ -45,7 +46,7 @@ def sha256_of_stream(stream: BinaryIO) -> str:
 def sha256_of_fd(fd: int) -> str:
     """The digest of the whole file open as ``fd`` (read from offset 0, ``pread``: the
     descriptor's own offset is left alone)."""
-    hasher = hashlib.sha256()
+    hasher = new_sha256()
     offset = 0
     while chunk := os.pread(fd, CHUNK, offset):
         hasher.update(chunk)
@@ -54,7 +55,7 @@ def sha256_of_fd(fd: int) -> str:
 
 
 def sha256_of_bytes(data: bytes | bytearray | memoryview) -> str:
-    return hashlib.sha256(data).hexdigest()
+    return sha256_hex(data)
 
 
 def mismatch(image: str, expected: str, actual: str) -> str:

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from plugin.model.sha256 import new_sha256
 from plugin.programming.digest import CHUNK, DIGEST_STEP, mismatch
 from plugin.programming.loaders.base import LoadFailed, LoadJob
 from plugin.programming.loaders.checks import CHECK_STEP, image_source
@@ -73,7 +73,7 @@ def sealed_copy(job: LoadJob) -> Iterator[SealedImage]:
 
 def _copy(job: LoadJob, fd: int) -> tuple[int, str]:
     library, name = image_source(job)
-    hasher = hashlib.sha256()
+    hasher = new_sha256()
     done = 0
     try:
         with library.open(name) as (stream, size):
