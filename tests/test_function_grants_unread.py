@@ -9,6 +9,7 @@ loader (describe scripted) and a stand-in API (the catalogue, DeviceClasses, Nam
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -118,3 +119,129 @@ async def test_a_slot_that_holds_nothing_guarded_or_whose_family_is_unguarded_pa
 async def test_a_slot_read_holding_a_guarded_agfi_is_refused_as_before(tmp_path: Path) -> None:
     [why] = await refused(grants(tmp_path, Describe(holds=AGFI), [AWS_CLASS]), "team-b")
     assert AGFI in why and "cannot be read" not in why
+
+
+# -- what is published: functionGuarded on a slot -----------------------------------------
+
+
+class Counting(Describe):
+    """:class:`Describe` that counts its calls."""
+
+    def __init__(self, holds: str | None = None, fails: str = "") -> None:
+        super().__init__(holds, fails)
+        self.calls = 0
+
+    async def loaded(self, device: Device) -> str | None:
+        self.calls += 1
+        return await super().loaded(device)
+
+
+SLOT_DEVICE = Device(SLOT, "aws", attributes=(("slot", "0"),))
+
+
+async def published_after_describes(found: FunctionGrants, turns: int = 1,
+                                    interval: float = 3600.0) -> bool:
+    """What the publisher is told of the slot after ``turns`` rounds of describes (the
+    first one asked for by the publisher itself)."""
+    await found.catalogue()
+    found.publishes_guarded(SLOT_DEVICE)
+    changed = asyncio.Event()
+    found.on_changed = changed.set
+    running = asyncio.create_task(found.slots.run(interval))
+    try:
+        for _ in range(turns):
+            await asyncio.wait_for(changed.wait(), 30)
+            changed.clear()
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+    return found.publishes_guarded(SLOT_DEVICE)
+
+
+@pytest.mark.parametrize(("loader", "published"), [
+    (Describe(holds=AGFI), True),  # read: the guarded AGFI
+    (Describe(holds=None), False),  # read: nothing
+    (Describe(holds="agfi-0fedcba9876543210"), False),  # read: an unguarded AGFI
+    (Describe(fails="exit status 3"), True),  # unread: it may hold the guarded one
+])
+async def test_a_slot_is_published_guarded_by_what_describe_reads(
+        tmp_path: Path, loader: Describe, published: bool) -> None:
+    found = grants(tmp_path, loader, [AWS_CLASS])
+    await found.catalogue()
+    assert found.publishes_guarded(SLOT_DEVICE) is True  # not described yet: fail closed
+    assert await published_after_describes(found) is published
+
+
+async def test_no_slot_is_described_while_no_aws_function_is_guarded(tmp_path: Path) -> None:
+    loader = Counting(holds=AGFI)
+    found = grants(tmp_path, loader, [ALVEO_CLASS])
+    await found.catalogue()
+    assert found.publishes_guarded(SLOT_DEVICE) is False
+    running = asyncio.create_task(found.slots.run(0.05))
+    await asyncio.sleep(0.3)
+    running.cancel()
+    await asyncio.gather(running, return_exceptions=True)
+    assert loader.calls == 0
+
+
+async def test_a_change_made_outside_the_driver_is_read_at_the_next_interval(
+        tmp_path: Path) -> None:
+    loader = Counting(holds=None)
+    found = grants(tmp_path, loader, [AWS_CLASS])
+    await found.catalogue()
+    found.publishes_guarded(SLOT_DEVICE)
+    changed = asyncio.Event()
+    found.on_changed = changed.set
+    running = asyncio.create_task(found.slots.run(0.05))
+    try:
+        await asyncio.wait_for(changed.wait(), 30)
+        changed.clear()
+        assert found.publishes_guarded(SLOT_DEVICE) is False
+        loader.holds = AGFI  # loaded by hand with the SDK
+        await asyncio.wait_for(changed.wait(), 30)
+        assert found.publishes_guarded(SLOT_DEVICE) is True
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+
+
+async def test_a_describe_that_raises_is_taken_as_unread(tmp_path: Path) -> None:
+    """A bug in the describe path keeps the loop going and the slot guarded."""
+
+    class Breaking(Describe):
+        broken = False
+
+        async def loaded(self, device: Device) -> str | None:
+            if self.broken:
+                raise RuntimeError("a bug")
+            return None
+
+    loader = Breaking()
+    found = grants(tmp_path, loader, [AWS_CLASS])
+    assert await published_after_describes(found) is False  # read: it holds nothing
+    loader.broken = True
+    found.slots.stale()  # a load ended
+    assert await published_after_describes(found) is True
+
+
+async def test_a_slot_left_undescribed_while_unguarded_is_not_trusted_when_guarded_again(
+        tmp_path: Path) -> None:
+    """While no AWS function is guarded, a slot is not described, and what was read of it
+    before is forgotten: once an AWS function is guarded again it is guarded until read."""
+    loader = Counting(holds=None)
+    found = grants(tmp_path, loader, [AWS_CLASS])
+    api = found._api()
+    assert await published_after_describes(found) is False  # read: nothing
+    api.guarded[:] = [ALVEO_CLASS]  # the AWS class leaves the catalogue
+    await found.refresh()
+    found.slots.stale()  # a load ended, not described: nothing of its family is guarded
+    running = asyncio.create_task(found.slots.run(3600))
+    await asyncio.sleep(0.1)
+    running.cancel()
+    await asyncio.gather(running, return_exceptions=True)
+    assert loader.calls == 1
+    loader.holds = AGFI  # loaded meanwhile
+    api.guarded[:] = [AWS_CLASS]
+    await found.refresh()
+    assert found.publishes_guarded(SLOT_DEVICE) is True  # not trusted: guarded until read
+    assert await published_after_describes(found) is True

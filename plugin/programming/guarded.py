@@ -92,6 +92,12 @@ class GuardedFunctions:
             return False
         return bool(self.blind or self.unreadable or function in self.classes)
 
+    def may_guard(self, family: str) -> bool:
+        """Whether a device of ``family`` whose function cannot be read is published
+        guarded: it may hold a guarded function (failing closed, as :meth:`unread_refusal`)."""
+        return bool(self.blind or self.unreadable
+                    or any(guarded == family for guarded, _ in self.classes))
+
     def refusal(self, namespace: str, function: Function | None,
                 granted: frozenset[str] | None, why_not_read: str = "",
                 loads: bool = False) -> str | None:

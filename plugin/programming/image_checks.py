@@ -213,6 +213,11 @@ def check_xclbin_fits(name: str, xclbin: XclbinImage, function_id: str,
         raise ValueError(f"image {name} does not fit device {device.id}: {exc}") from None
 
 
+DESCRIBED_ONLY = frozenset({"aws"})
+"""Families whose loaded function discovery cannot read: only the vendor SDK's describe
+tells it (an AWS slot's AGFI)."""
+
+
 def held_function(device: Device) -> str | None:
     """The function ``device`` reports holding, as discovery read it (normalised), or None
     where discovery cannot tell (AWS: only the SDK's describe can)."""

@@ -40,7 +40,7 @@ from plugin.programming.card_state import card_of
 from plugin.programming.clears import Clears
 from plugin.programming.digest import DIGEST_STEP
 from plugin.programming.function_config import FunctionSpec, function_shown
-from plugin.programming.image_checks import ImageChecks, held_function
+from plugin.programming.image_checks import DESCRIBED_ONLY, ImageChecks, held_function
 from plugin.programming.load_record import LoadRecord, LoadRecords, now
 from plugin.programming.loaders.base import Loader, LoadFailed, LoadJob
 from plugin.programming.outcome import LOADED, SKIPPED, Outcome
@@ -379,7 +379,7 @@ class Programmer:
                         deadline: float) -> bool | str | None:
         """True once the device reports ``function_id``; else what it reports at the
         deadline."""
-        loader_reads = self._device(device_id).backend == "aws"
+        loader_reads = self._device(device_id).backend in DESCRIBED_ONLY
         while True:
             self._changed.clear()
             device = self._devices().get(device_id)
@@ -403,7 +403,7 @@ class Programmer:
 
     async def _read_held(self, device: Device) -> tuple[str | None, str]:
         held = held_function(device)
-        if held is not None or device.backend != "aws":
+        if held is not None or device.backend not in DESCRIBED_ONLY:
             return held, ""
         loader = self.loaders.get(device.backend)
         if loader is None:

@@ -126,7 +126,7 @@ class DraDriver:
         a share prepared or unprepared changes the claims' holds, but rarely which devices
         are published shared, and then the pool (and its slices) stay as they are."""
         programmable = (self.programmer.generation() if self.programmer is not None else (),
-                        self.grants.guarded if self.grants is not None else None)
+                        self.grants.publishing() if self.grants is not None else None)
         holds = self.sharing.holds(self._preparer.checkpoint if self._preparer else None)
         clearing = self._preparer.clears.draining() if self._preparer else frozenset()
         made_of = (self.feed.current, self.held, programmable, clearing, holds)
@@ -268,6 +268,18 @@ class DraDriver:
                     f"(resource.k8s.io/{version} is served)")
         return None
 
+    def _function_changed(self, republish: Callable[[], None]) -> Callable[[], None]:
+        """What to call when a load or a clear ended: the slots only a describe reads are
+        described again, for ``functionGuarded``."""
+        grants = self.grants
+        if grants is None:
+            return republish
+
+        def ended() -> None:
+            grants.slots.stale()
+            republish()
+        return ended
+
     def start_publishing(self) -> None:
         """Publish once the driver holds its socket (serve_kubelet first): one instance per
         node is the driver, and a rolling update's newcomer must not fight the old one's
@@ -278,7 +290,8 @@ class DraDriver:
         publisher = SlicePublisher(self._api, self.place.node, self.place.driver, self.build)
         self.publisher = publisher
         if self.programmer is not None:  # a load or a clear ended: no longer draining
-            self.programmer.on_changed = self.sharing.drained(self._republish)
+            self.programmer.on_changed = self._function_changed(
+                self.sharing.drained(self._republish))
             self.programmer.clears.on_resumed_over = self._republish
             # A loader process's word changed: republish.
             self.programmer.on_loaders_changed = partial(

@@ -47,9 +47,10 @@ from plugin.programming.guarded import (
     granted_classes,
     guarded_functions,
 )
-from plugin.programming.image_checks import held_function
+from plugin.programming.image_checks import DESCRIBED_ONLY, held_function
 from plugin.programming.programmer import Programmer
 from plugin.serving.dra.apiserver import ApiFailure, NotFound
+from plugin.serving.dra.described_slots import DescribedSlots
 from value_types.claims import ClaimRef, PreparedDevice
 from value_types.devices import Device, DeviceSet
 
@@ -92,6 +93,9 @@ class FunctionGrants:
         self._namespaces: dict[str, tuple[float, frozenset[str] | None, str]] = {}
         self.on_changed: Callable[[], None] = lambda: None
         """Called when what the catalogue guards changed: the pool is published again."""
+        self.slots = DescribedSlots(held, lambda: self.on_changed(),
+                                    lambda family: self.guarded.may_guard(family))
+        """What the AWS slots hold, as their SDK describes them, for the publisher."""
 
     # -- the catalogue ----------------------------------------------------------------------
 
@@ -131,19 +135,43 @@ class FunctionGrants:
             self.on_changed()
 
     async def run(self, interval: float = REFRESH_INTERVAL) -> None:
-        """Keep the catalogue current for the publisher, until cancelled."""
+        """Keep the catalogue and the slots' describes current for the publisher, until
+        cancelled."""
+        read = asyncio.Event()
+        await asyncio.gather(self._keep_catalogue(interval, read), self._describe_after(read))
+
+    async def _keep_catalogue(self, interval: float, read: asyncio.Event) -> None:
         while True:
             try:
                 await self.catalogue()
             except Exception:  # a bug here must not stop the driver; prepare fails closed
                 log.exception("function grants: reading the catalogue failed")
+            read.set()
             await asyncio.sleep(interval)
+
+    async def _describe_after(self, read: asyncio.Event) -> None:
+        """Slots are described once the catalogue was first read: before, every family
+        may be guarded, and every slot would be described for nothing."""
+        await read.wait()
+        await self.slots.run()
+
+    def publishing(self) -> tuple[GuardedFunctions, int]:
+        """What :meth:`publishes_guarded` answers from: when it changes, the pool is built
+        again."""
+        return self.guarded, self.slots.generation
 
     def publishes_guarded(self, device: Device) -> bool:
         """Whether ``device`` is published ``functionGuarded``: it holds a guarded function
-        (or any, while what is guarded cannot be told)."""
+        (or any, while what is guarded cannot be told). An AWS slot holds what its SDK last
+        described (:mod:`.described_slots`); until then, or while that fails, it may hold
+        anything of its family, and is guarded while a function of its family is."""
         held = held_function(device)
-        return self.guarded.guards((device.backend, held) if held else None)
+        if held is not None or device.backend not in DESCRIBED_ONLY:
+            return self.guarded.guards((device.backend, held) if held else None)
+        if not self.guarded.may_guard(device.backend):
+            return False  # nothing of its family is guarded: no describe needed
+        found = self.slots.held(device)
+        return True if isinstance(found, Unread) else self.guarded.guards(found)
 
     # -- a namespace's grants ---------------------------------------------------------------
 
