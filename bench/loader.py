@@ -11,7 +11,7 @@ Kubernetes client, none of the serving code, no OpenSSL; compat_tests/test_loade
 checks the modules themselves).
 
 What holding no OpenSSL costs is measured beside it: the rate at which the interpreter's own
-SHA-256 (:mod:`plugin.model.sha256`, what the loader and the driver hash images with) and
+SHA-256 (:mod:`plugin.model.sha256`, what a load hashes its image with) and
 OpenSSL's (:mod:`hashlib`) hash a 64 MiB image in 1 MiB chunks, as a load reads it.
 """
 
