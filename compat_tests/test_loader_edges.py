@@ -38,12 +38,14 @@ PORT0 = "0000:3b:00.0"
 FORBIDDEN = ("grpc", "google", "aiohttp", "lightkube", "httpx", "kubernetes",
              "prometheus_client", "api_versions", "plugin.serving", "plugin.process.daemon",
              "plugin.process.metrics", "plugin.programming.programmer", "yaml", "asyncio",
-             "ssl", "hashlib", "_hashlib", "secrets")
+             "ssl", "hashlib", "_hashlib", "secrets", "shutil", "lzma", "bz2")
 """Modules (and their submodules) the privileged process must never hold: the RPC and API
 clients, metrics, the serving code and the driver's programmer; asyncio (and the ssl it
 imports), a third of its memory, since it serves with threads; OpenSSL's hashing (hashlib,
 and secrets through hmac), which maps libcrypto for one hash the interpreter has built in
-(:mod:`plugin.model.sha256`); yaml only comes with --config, which these runs do not give."""
+(:mod:`plugin.model.sha256`); shutil, which maps zlib, bz2 and lzma (argparse asks it for the
+terminal's width: :mod:`plugin.cli.help_formatter`); yaml only comes with --config, which
+these runs do not give."""
 
 
 class Loader:

@@ -37,6 +37,7 @@ from plugin.cli.converters import (
     socket_name,
     whole_number,
 )
+from plugin.cli.help_formatter import HelpFormatter
 from plugin.cli.loader_flags import add_loader_flags, add_serve_loader_flag
 from plugin.cli.settings import (
     API_CHOICES,
@@ -82,6 +83,7 @@ class OneLineParser(argparse.ArgumentParser):
     commands: dict[str, OneLineParser]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
         self.options: list[Option] = []
         """What ``_EnvDefaults`` registered: the settings a variable or the file may give."""
