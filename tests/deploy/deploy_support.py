@@ -143,10 +143,20 @@ def kustomize(kubectl: str, directory: Path) -> subprocess.CompletedProcess[str]
                           text=True, timeout=60, check=False)
 
 
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+"""libyaml's safe loader where PyYAML has it: the same objects as the pure-Python one, about
+ten times as fast on rendered manifests, whose parsing was a fifth of tests/deploy's time."""
+
+
+def documents(text: str) -> list[dict[str, Any]]:
+    """The YAML documents of ``text``, empty ones left out."""
+    return [doc for doc in yaml.load_all(text, Loader=SAFE_LOADER) if doc is not None]
+
+
 def render(kubectl: str, directory: Path) -> list[dict[str, Any]]:
     done = kustomize(kubectl, directory)
     assert done.returncode == 0, f"kubectl kustomize {directory} failed:\n{done.stderr}"
-    return [doc for doc in yaml.safe_load_all(done.stdout) if doc is not None]
+    return documents(done.stdout)
 
 
 def minor(version: str) -> int:
@@ -154,7 +164,7 @@ def minor(version: str) -> int:
 
 
 def load_yaml_file(path: Path) -> list[dict[str, Any]]:
-    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+    return documents(path.read_text())
 
 
 def quantity(text: str) -> float:

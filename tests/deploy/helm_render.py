@@ -18,7 +18,7 @@ from typing import Any
 
 import monitoring_schemas
 import yaml
-from deploy_support import REPO
+from deploy_support import REPO, documents
 
 CHART = REPO / "deploy" / "helm" / "accelerator-device-plugin"
 EXAMPLES = CHART / "examples"
@@ -66,7 +66,7 @@ def render(
         except helm.HelmError as exc:
             raise HelmRefused(str(exc)) from exc
     manifest = json.loads(payload)["manifest"]
-    return [doc for doc in yaml.safe_load_all(manifest) if doc is not None]
+    return documents(manifest)
 
 
 def lint(values: dict[str, Any] | None = None, *, kube_version: str = NEWEST_HELPER_VERSION,
