@@ -33,7 +33,7 @@ from pathlib import Path
 from bench.dra_world import DRIVER, REFERENCE, DraWorld, dra_world
 from bench.serving import serve_command
 from bench.serving import stop as _stop
-from bench.table import Row, median, ms, percentile
+from bench.table import Row, median, ms, p50_p99
 from compat_tests.fake_sysfs import CRASHED_AFU_ID, DEFAULT_AFU_ID, FakeNode, build_intel_node
 from compat_tests.kubelet import KubeletEmulator
 from compat_tests.kubelet.dra_results import ClaimRef
@@ -212,7 +212,7 @@ def run() -> list[Row]:
 
     def pair(name: str, what: str = "prepare") -> str:
         values = claims[name][what]
-        return f"{ms(median(values))} / {ms(percentile(values, 99))}"
+        return p50_p99(values)
 
     ratio = median(claims["ours"]["prepare"]) / median(claims["reference"]["prepare"])
     return [

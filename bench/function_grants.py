@@ -20,7 +20,7 @@ from pathlib import Path
 
 from bench.dra import _claims
 from bench.dra_world import DRIVER, NAMESPACE, DraWorld, dra_world
-from bench.table import Row, median, ms, percentile
+from bench.table import Row, median, p50_p99
 from compat_tests.fake_sysfs import DEFAULT_AFU_ID, build_intel_node
 
 CLAIMS = 300
@@ -84,11 +84,11 @@ def run() -> list[Row]:
     granted_ratio = median(granted) / median(granted_reference)
     return [
         Row("DRA prepare without function grants, p50 / p99",
-            f"{ms(median(plain))} / {ms(percentile(plain, 99))}", "",
+            p50_p99(plain), "",
             f"{CLAIMS} claims of one port, kubelet-side; {plain_ratio:.2f}x the reference "
             "driver's median in the same world"),
         Row("DRA prepare with --function-grants, p50 / p99",
-            f"{ms(median(granted))} / {ms(percentile(granted, 99))}", "",
+            p50_p99(granted), "",
             f"{CLAIMS} claims of a port holding a guarded function, namespace granted; "
             f"{granted_ratio:.2f}x the reference driver's median in the same world"),
         Row("DRA prepare, function grants' cost (ratio of ratios)",

@@ -33,7 +33,7 @@ from api_versions.wire import WireApi, client_call
 from bench import reference_plugin
 from bench.serving import serve_command
 from bench.serving import stop as _stop
-from bench.table import Row, median, ms, percentile
+from bench.table import Row, median, p50_p99
 from compat_tests.fake_sysfs import FakeNode
 from compat_tests.kubelet import KubeletEmulator
 
@@ -129,7 +129,7 @@ def run() -> list[Row]:
         shutil.rmtree(root, ignore_errors=True)
 
     def pair(name: str) -> str:
-        return f"{ms(median(figures[name]))} / {ms(percentile(figures[name], 99))}"
+        return p50_p99(figures[name])
 
     def ratio(name: str, floor: str) -> str:
         return f"{median(figures[name]) / median(figures[floor]):.2f}x"

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.dra_world import DRIVER, NAMESPACE, NODE, dra_world
-from bench.table import Row, median, ms, percentile
+from bench.table import Row, median, ms, p50_p99
 from compat_tests.apiserver import ApiServerEmulator, objects
 from compat_tests.fake_fpga_tools import write_stand_in_tools
 from compat_tests.fake_sysfs import DEFAULT_INTERFACE_ID, FakeNode, build_intel_node
@@ -170,18 +170,18 @@ def run() -> list[Row]:
     pinned_ratio = median(pinned) / median(today)
     return [
         Row("DRA prepare today (no function named), p50 / p99",
-            f"{ms(median(today))} / {ms(percentile(today, 99))}", "",
+            p50_p99(today), "",
             f"{CLAIMS} claims of one port, one NodePrepareResources each, kubelet-side, "
             "interleaved with the row below; serve --api dra --programming on"),
         Row("DRA prepare, function held already (fast path), p50 / p99",
-            f"{ms(median(fast))} / {ms(percentile(fast, 99))}", "",
+            p50_p99(fast), "",
             "class configuration FpgaFunction nlb0 on a port holding nlb0: parsed, the GBS "
             "header checked (remembered per file version), nothing loaded"),
         Row("DRA prepare, fast path / today (p50)", f"{ratio:.3f}x", "<= 1.05x",
             f"{'met' if ratio <= 1.05 else 'NOT met'}; what naming a function costs when "
             "nothing is loaded"),
         Row("DRA prepare, pinned image held already (fast path), p50 / p99",
-            f"{ms(median(pinned))} / {ms(percentile(pinned, 99))}", "",
+            p50_p99(pinned), "",
             "the same with sha256 pinning nlb0's bytes: the digest remembered per file "
             "version"),
         Row("DRA prepare, pinned fast path / today (p50)", f"{pinned_ratio:.3f}x", "<= 1.05x",

@@ -31,6 +31,11 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[rank - 1]
 
 
+def p50_p99(values: Sequence[float]) -> str:
+    """``<median> / <99th percentile>`` in ms, as the latency rows show them."""
+    return f"{ms(median(values))} / {ms(percentile(values, 99))}"
+
+
 def render(rows: Iterable[Row]) -> str:
     rows = list(rows)
     header = Row("metric", "value", "target", "note")
