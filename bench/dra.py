@@ -70,7 +70,7 @@ def _client_loaded(pid: int, stderr: Path) -> list[str]:
     return sorted(imported) + ([f"{CLIENT_SHARED_OBJECT} .so"] if mapped else [])
 
 
-async def _claims(world: DraWorld, count: int = CLAIMS, warm_up: int = WARM_UP,
+async def interleaved_claims(world: DraWorld, count: int = CLAIMS, warm_up: int = WARM_UP,
                   tag: str = "") -> dict[str, dict[str, list[float]]]:
     """Prepare and unprepare figures of each driver, taking turns claim by claim."""
     devices = sorted(world.published())
@@ -166,7 +166,7 @@ class DraFigures:
 async def _dra(root: Path, node: FakeNode) -> DraFigures:
     stderr = root / "dra-serve.stderr"
     async with dra_world(root, node, PORTS, stderr) as world:
-        claims = await _claims(world)
+        claims = await interleaved_claims(world)
         hotplug = await _hotplug(world)
         crashes = await _crashes(world)
         starts = await _kubelet_starts(world)

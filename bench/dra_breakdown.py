@@ -118,7 +118,7 @@ def _cpu_ns(pid: int) -> int:
 
 
 async def _measure(root: Path, count: int, no_fsync: bool, held: bool) -> None:
-    from bench.dra import PORTS, _claims
+    from bench.dra import PORTS, interleaved_claims
     from bench.dra_world import DRIVER, dra_world
     from compat_tests.fake_sysfs import build_intel_node
 
@@ -133,9 +133,9 @@ async def _measure(root: Path, count: int, no_fsync: bool, held: bool) -> None:
         if held:
             await _held(world, DRIVER, count)
             return
-        await _claims(world, 50, 50, "warm-")
+        await interleaved_claims(world, 50, 50, "warm-")
         before = {name: _cpu_ns(pid) for name, pid in pids.items()}
-        figures = await _claims(world, count, 0)
+        figures = await interleaved_claims(world, count, 0)
         cpu = {name: (_cpu_ns(pid) - before[name]) / count / 1e6 for name, pid in pids.items()}
     for name in ("ours", "reference"):
         prepare, unprepare = figures[name]["prepare"], figures[name]["unprepare"]

@@ -6,8 +6,8 @@ admission, and with ``--function-grants kube-system``, a catalogue guarding the 
 function every port holds, and the claims' namespace granted it, so that every prepare takes
 the whole check (the catalogue, the DeviceClasses, the claim's Namespace). Each world runs
 :data:`CLAIMS` claims of one device, one NodePrepareResources each, interleaved with the
-reference driver's (:func:`bench.dra._claims`); the figures compare each world's median to
-its own reference, so a busier moment of the machine weighs on both. Also counted: the API
+reference driver's (:func:`bench.dra.interleaved_claims`); the figures compare each world's
+median to its own reference, so a busier moment of the machine weighs on both. Also counted: the API
 reads the check made per prepare (each read is kept 2 s, so a burst shares them).
 """
 
@@ -18,17 +18,16 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from bench.dra import _claims
+from bench.dra import interleaved_claims
 from bench.dra_world import DRIVER, NAMESPACE, DraWorld, dra_world
 from bench.table import Row, median, p50_p99
 from compat_tests.fake_sysfs import DEFAULT_AFU_ID, build_intel_node
+from plugin.programming.guarded import CATALOGUE_LABELS, GRANT_LABEL_PREFIX
 
 CLAIMS = 300
 WARM_UP = 50
 PORTS = 6
 CATALOGUE_NAMESPACE = "kube-system"
-CATALOGUE_LABELS = {"app.kubernetes.io/name": "accelerator-device-plugin",
-                    "app.kubernetes.io/component": "function-admission"}
 GUARDED_CLASS = "nlb0.accelerator.b-com.com"
 GRANTS = ("--function-grants", CATALOGUE_NAMESPACE, "--guarded-classes", GUARDED_CLASS)
 READS = (("get", "namespaces"), ("list", "configmaps"), ("list", "deviceclasses"))
@@ -39,29 +38,28 @@ def _guard_what_ports_hold(world: DraWorld) -> None:
     api = world.api
     api.create_namespace(CATALOGUE_NAMESPACE)
     api.core.put_config_map(CATALOGUE_NAMESPACE, "function-grants", {GUARDED_CLASS: ""},
-                            CATALOGUE_LABELS)
+                            dict(CATALOGUE_LABELS))
     api.create({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
                 "metadata": {"name": GUARDED_CLASS},
                 "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}],
                          "config": [{"opaque": {"driver": DRIVER, "parameters": {
                              "apiVersion": f"{DRIVER}/v1alpha1", "kind": "FpgaFunction",
                              "afuID": DEFAULT_AFU_ID, "image": "intel/nlb0.gbs"}}}]}})
-    api.core.label_namespace(NAMESPACE, f"functions.accelerator.b-com.com/{GUARDED_CLASS}",
-                             "true")
+    api.core.label_namespace(NAMESPACE, GRANT_LABEL_PREFIX + GUARDED_CLASS, "true")
 
 
 async def _world(root: Path, grants: bool) -> tuple[dict[str, list[float]],
                                                      dict[str, list[float]], int]:
     """(our prepares, the reference's, API reads of the check) in one world; a prepare
-    refused (a wrong grant here) stops the bench (:func:`bench.dra._check`)."""
+    refused (a wrong grant here) stops the bench (:func:`bench.dra.interleaved_claims`)."""
     node = build_intel_node(root / "node")
     flags = GRANTS if grants else ()
     async with dra_world(root, node, PORTS, root / "serve.stderr", flags=flags) as world:
         if grants:
             _guard_what_ports_hold(world)
-        await _claims(world, 0, WARM_UP, "warm-")
+        await interleaved_claims(world, 0, WARM_UP, "warm-")
         world.api.clear_requests()
-        figures = await _claims(world, CLAIMS, 0, "timed-")
+        figures = await interleaved_claims(world, CLAIMS, 0, "timed-")
         reads = sum(len(world.api.find_requests(verb, resource)) for verb, resource in READS)
         if grants and not world.api.find_requests("get", "namespaces"):
             raise RuntimeError("the check never read the claims' Namespace: is the ports' "

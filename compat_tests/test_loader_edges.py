@@ -15,6 +15,7 @@ compromised driver could:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -30,7 +31,6 @@ import pytest
 from compat_tests.fake_fpga_tools import StandInTools, write_stand_in_tools
 from compat_tests.fake_sysfs import DEFAULT_INTERFACE_ID, build_intel_node
 from compat_tests.fpga_images import NLB3_AFU_ID, build_gbs, write_image
-from plugin.model.sha256 import sha256_hex
 from plugin.programming.ids import dashed
 
 NLB3 = NLB3_AFU_ID.replace("-", "")
@@ -199,7 +199,7 @@ def test_the_loader_refuses_an_unpinned_image_on_its_own(
 def test_the_loader_holds_no_client_and_no_serving_code(loader: Loader) -> None:
     assert loader.ask(INVENTORY)["ok"] is True
     assert loader.ask(load(PORT0))["ok"] is True  # a whole load, tool and all
-    pinned = sha256_hex((loader.library / "nlb3.gbs").read_bytes())
+    pinned = hashlib.sha256((loader.library / "nlb3.gbs").read_bytes()).hexdigest()
     assert loader.ask(load(PORT0, sha256=pinned))["ok"] is True  # and a pinned one
     modules = loader.stop()
     assert "plugin.programming.remote.server" in modules  # what it is there for

@@ -15,8 +15,6 @@ from __future__ import annotations
 import os
 import re
 
-from plugin.model.sha256 import sha256_hex
-
 DIGEST_STEP = "check image digest"
 """The step a load refused for a digest mismatch names (``LoadFailed.step``)."""
 CHUNK = 1024 * 1024
@@ -51,10 +49,6 @@ def sha256_of_fd(fd: int) -> str:
         hasher.update(chunk)
         offset += len(chunk)
     return hasher.hexdigest()
-
-
-def sha256_of_bytes(data: bytes | bytearray | memoryview) -> str:
-    return sha256_hex(data)
 
 
 def mismatch(image: str, expected: str, actual: str) -> str:

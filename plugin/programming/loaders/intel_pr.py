@@ -70,7 +70,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from plugin.programming.digest import DIGEST_STEP, mismatch, sha256_of_bytes
+from plugin.model.sha256 import sha256_hex
+from plugin.programming.digest import DIGEST_STEP, mismatch
 from plugin.programming.loaders.base import LoadFailed, LoadJob
 from plugin.programming.loaders.checks import (
     CHECK_STEP,
@@ -192,7 +193,7 @@ class PortPrIoctl:
         port = int(device.attrs["port_number"])
         data = _read_image(job)
         if job.sha256 is not None:
-            digest = sha256_of_bytes(data)
+            digest = sha256_hex(data)
             if digest != job.sha256:
                 raise LoadFailed(DIGEST_STEP, mismatch(job.image or "", job.sha256, digest),
                                  touched=False)

@@ -216,7 +216,7 @@ class FunctionGrants:
             if guarded is None:
                 guarded = await self.catalogue()
             if isinstance(held, Unread):
-                if guarded.unread_refusal(ref.namespace, held, frozenset()) is None:
+                if not guarded.may_guard(held.family):
                     continue  # no function of its family is guarded
                 granted, why = await self.granted(ref.namespace)
                 refusal = guarded.unread_refusal(ref.namespace, held, granted, why)

@@ -66,6 +66,17 @@ EXPIRED_STREAK = 10.0
 that expires every version at once), backed off from the second on."""
 
 
+SHARING_DROPPED = ("DRAConsumableCapacity", "they are allocated whole, one claim at a time, "
+                   "and --dra-share shares nothing there")
+"""The gate whose absence drops ``allowMultipleAllocations``, and what that means: the
+scheduler allocates those devices whole, which prepare serves as any whole claim."""
+BINDING_DROPPED = ("DRADeviceBindingConditions or DRAResourceClaimDeviceStatus",
+                   "--program-at bind has no effect there, functions are loaded at prepare "
+                   "and a failed load does not move the pod")
+"""The same for ``bindingConditions``: the scheduler binds at once, and functions are loaded
+at prepare, as with ``--program-at prepare``."""
+
+
 class SlicePublisher:
     """Keeps one pool (this driver on this node) published; see the module docstring."""
 
@@ -90,10 +101,8 @@ class SlicePublisher:
         """``_seen`` as it was when a list last found the slices as written (-1: a write
         since then may have been cut off)."""
         self._taints = True
-        self._sharing_said: str | None = None
-        """The resource.k8s.io version a dropped ``allowMultipleAllocations`` was said for."""
-        self._binding_said: str | None = None
-        """The same for dropped ``bindingConditions`` (``--program-at bind``)."""
+        self._dropped_said: dict[str, str] = {}
+        """Field the server dropped -> the resource.k8s.io version that was said for."""
         self._node_uid: str | None = None
         self._state: object = None
         """What kind of failure was said last (None: publishing works)."""
@@ -224,8 +233,10 @@ class SlicePublisher:
                             "unhealthy devices are left out of the slices instead")
                 self._taints = False
                 self._wanted.set()
-            self._say_dropped_sharing(version, dropped_sharing(version, obj, stored_obj))
-            self._say_dropped_binding(version, dropped_binding(version, obj, stored_obj))
+            self._say_dropped("allowMultipleAllocations", version,
+                              dropped_sharing(version, obj, stored_obj), SHARING_DROPPED)
+            self._say_dropped("bindingConditions", version,
+                              dropped_binding(version, obj, stored_obj), BINDING_DROPPED)
         for extra in existing[len(wanted):]:
             await self._api.delete_slice(name_of(extra))
         self._written = written
@@ -237,31 +248,19 @@ class SlicePublisher:
         log.info("published %d device slice(s) of %s as pool generation %d "
                  "(resource.k8s.io/%s)", len(wanted), self.node, self._generation, version)
 
-    def _say_dropped_sharing(self, version: str, dropped: list[str]) -> None:
-        """Warn, once per server version, that devices published for sharing were stored
-        without ``allowMultipleAllocations``: nothing to publish otherwise (the scheduler
-        there allocates them whole, which prepare serves as any whole claim), but an admin
-        who turned ``--dra-share`` on must learn why no claim gets a share."""
-        if not dropped or self._sharing_said == version:
+    def _say_dropped(self, field: str, version: str, dropped: list[str],
+                     why: tuple[str, str]) -> None:
+        """Warn, once per server version, that the server dropped ``field`` from the devices
+        ``dropped``: which gate is off there, and what that means (``why``). Nothing to
+        publish otherwise, but an admin who turned the feature on must learn why it does
+        nothing there."""
+        if not dropped or self._dropped_said.get(field) == version:
             return
-        self._sharing_said = version
-        log.warning("the API server dropped allowMultipleAllocations from %s (resource.k8s.io/"
-                    "%s; DRAConsumableCapacity off, the default before Kubernetes 1.36): "
-                    "they are allocated whole, one claim at a time, and --dra-share shares "
-                    "nothing there", name_some(dropped), version)
-
-    def _say_dropped_binding(self, version: str, dropped: list[str]) -> None:
-        """Warn, once per server version, that ``--program-at bind`` cannot work there: the
-        server dropped the binding conditions, so its scheduler binds at once and functions
-        are loaded at prepare, as with ``--program-at prepare`` (nothing else to do)."""
-        if not dropped or self._binding_said == version:
-            return
-        self._binding_said = version
-        log.warning("the API server dropped bindingConditions from %s (resource.k8s.io/%s; "
-                    "DRADeviceBindingConditions or DRAResourceClaimDeviceStatus off, the "
-                    "default before Kubernetes 1.36): --program-at bind has no effect there, "
-                    "functions are loaded at prepare and a failed load does not move the pod",
-                    name_some(dropped), version)
+        self._dropped_said[field] = version
+        gate, effect = why
+        log.warning("the API server dropped %s from %s (resource.k8s.io/%s; %s off, the default "
+                    "before Kubernetes 1.36): %s", field, name_some(dropped), version, gate,
+                    effect)
 
     def _adopt(self, version: str, content: Any, existing: list[Any]) -> bool:
         """Take over the pool as it stands if it is exactly what this instance would write.
