@@ -4,9 +4,9 @@
 ``loader``'s memory and the largest body of native code in it, for a job (names, image
 digests) that needs one hash. CPython ships SHA-256 as a small extension of its own
 (``_sha2`` from 3.12, HACL*; ``_sha256`` in 3.11), with the same ``update``/``hexdigest``
-interface and the same digests. It is slower on long inputs (about 270 MB/s against
-OpenSSL's 1.5 GB/s on the CI machine; ``python -m bench loader`` measures both): a
-400 MiB bitstream takes about 1.3 s more per load, beside a load that takes seconds. The
+interface and the same digests. It is slower on long inputs (160 to 270 MB/s against
+OpenSSL's 1.5 GB/s on a 2-core CI machine; ``python -m bench loader`` measures both): a
+400 MiB bitstream takes 1.3 to 2.3 s more per load, beside a load that takes seconds. The
 driver's own hash of a library file, on the prepare path, stays OpenSSL's
 (:func:`plugin.programming.digest.sha256_of_fd`). An interpreter built without the
 extension falls back to :mod:`hashlib`.
